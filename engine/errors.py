@@ -1,0 +1,35 @@
+"""Errors a user can cause. Each message says what went wrong and what to do."""
+
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """Base class for every error the engine raises on purpose."""
+
+
+class ModelLoadError(EngineError):
+    """A model folder or file cannot be used (missing, corrupt, incomplete)."""
+
+
+class UnsupportedModelError(ModelLoadError):
+    """The checkpoint is readable but of an architecture or format we do not run."""
+
+
+class PickleCheckpointError(ModelLoadError):
+    """Only pickle checkpoints (.bin/.pt) were found; they can execute code on load."""
+
+
+class TokenizerError(ModelLoadError):
+    """The tokenizer or chat template of a model is missing or broken."""
+
+
+class PromptError(EngineError):
+    """A request's prompt cannot be run (empty, too long for the model)."""
+
+
+class RequestTooLargeError(PromptError):
+    """A request could never fit in the model's context or the KV cache."""
+
+
+class EngineClosedError(EngineError):
+    """The engine was shut down; no more requests are accepted."""
