@@ -1,0 +1,312 @@
+"""A model's tokenizer: text <-> token ids through `tokenizers`, and its chat template.
+
+Chat templates come with downloaded models, so they are untrusted code: they run
+in Jinja2's immutable sandbox with the same globals and filters that Hugging Face
+`transformers` gives them, so that a template renders here exactly as it does
+there.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any, NoReturn
+
+import jinja2.ext
+import jinja2.nodes
+import jinja2.parser
+import jinja2.runtime
+import tokenizers
+from jinja2.exceptions import SecurityError, TemplateSyntaxError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from engine.errors import PromptError, TokenizerError
+
+# Used when a model ships no chat template. ChatML is what most small instruct
+# models were tuned on, and in a vocabulary without <|im_start|>/<|im_end|> it is
+# still a readable plain-text transcript.
+CHATML_FALLBACK_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+# A reply no template rewrites; what a template puts right after it is its end-of-turn marker.
+_PROBE_REPLY = "Tandem probe reply"
+
+
+class Tokenizer:
+    """Encodes and decodes one model's text and renders its conversations."""
+
+    def __init__(
+        self,
+        backend: tokenizers.Tokenizer,
+        *,
+        chat_template: str | None,
+        special_tokens: Mapping[str, str],
+        add_bos_token: bool | None,
+        extra_eos_token_ids: Iterable[int] = (),
+        source: str = "this model",
+    ) -> None:
+        """Wrap a loaded `tokenizers.Tokenizer`; `from_folder` is the usual way in.
+
+        special_tokens: named special-token strings (bos_token, eos_token, ...) the
+            chat template sees as variables.
+        add_bos_token: whether encoding adds BOS; None leaves it to the tokenizer's
+            own post-processor, as `tokenizer.json` describes it.
+        extra_eos_token_ids: further ids that end generation (from the model config).
+        source: names the model in error messages.
+        """
+        self._backend = backend
+        # A tokenizer.json may carry training-time truncation or padding; a prompt must never be cut.
+        self._backend.no_truncation()
+        self._backend.no_padding()
+        self._source = source
+        self._special_tokens = dict(special_tokens)
+        self._special_ids = frozenset(
+            token_id for token_id, token in backend.get_added_tokens_decoder().items() if token.special
+        )
+        self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
+        self.bos_token_id: int | None = self._token_id(special_tokens.get("bos_token"))
+        if add_bos_token is None:
+            add_bos_token = backend.encode("", add_special_tokens=True).ids[:1] == [self.bos_token_id]
+        # The BOS id that encoding with special tokens starts with; None when the model wants no BOS.
+        self._auto_bos_id = self.bos_token_id if add_bos_token else None
+
+        self.has_chat_template: bool = bool(chat_template)
+        try:
+            self._template = _SANDBOX.from_string(chat_template or CHATML_FALLBACK_TEMPLATE)
+        except TemplateSyntaxError as exc:
+            raise TokenizerError(
+                f"The chat template of {source} is not valid Jinja (line {exc.lineno}: {exc.message}). "
+                "Fix or remove the chat template in its tokenizer_config.json or chat_template.jinja."
+            ) from exc
+
+        named_eos_ids = (self._token_id(special_tokens.get("eos_token")), self._end_of_turn_token_id())
+        self.eos_token_ids: frozenset[int] = frozenset(
+            [*extra_eos_token_ids, *(token_id for token_id in named_eos_ids if token_id is not None)]
+        )
+
+    @classmethod
+    def from_folder(cls, folder: str | Path) -> Tokenizer:
+        """Load the tokenizer of a Hugging Face model folder.
+
+        Reads tokenizer.json (required) and, where present, tokenizer_config.json,
+        special_tokens_map.json, config.json, generation_config.json, and the chat
+        template from chat_template.jinja, tokenizer_config.json or
+        chat_template.json, in that order of precedence (as transformers does).
+        """
+        folder = Path(folder)
+        tokenizer_file = folder / "tokenizer.json"
+        if not tokenizer_file.is_file():
+            raise TokenizerError(
+                f"{folder} has no tokenizer.json. Tandem needs the fast-tokenizer file that comes "
+                "with the model on Hugging Face; copy it into the model folder."
+            )
+        try:
+            backend = tokenizers.Tokenizer.from_file(str(tokenizer_file))
+        except Exception as exc:  # tokenizers raises plain Exception for every kind of bad file
+            raise TokenizerError(
+                f"{tokenizer_file} cannot be read ({exc}). Download the model's tokenizer.json again."
+            ) from exc
+
+        tokenizer_config = _read_json(folder / "tokenizer_config.json")
+        special_tokens = {
+            **_special_token_strings(_read_json(folder / "special_tokens_map.json")),
+            **_special_token_strings(tokenizer_config),
+        }
+        add_bos_token = tokenizer_config.get("add_bos_token")
+        return cls(
+            backend,
+            chat_template=_read_chat_template(folder, tokenizer_config),
+            special_tokens=special_tokens,
+            add_bos_token=add_bos_token if isinstance(add_bos_token, bool) else None,
+            extra_eos_token_ids=[
+                *_token_ids(_read_json(folder / "config.json").get("eos_token_id")),
+                *_token_ids(_read_json(folder / "generation_config.json").get("eos_token_id")),
+            ],
+            source=str(folder),
+        )
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of `text`; special-token strings in it become their ids.
+
+        add_special_tokens: prepend BOS where the model wants one (add_bos_token
+        in tokenizer_config.json, else what tokenizer.json's post-processor does).
+        """
+        ids = self._backend.encode(text, add_special_tokens=False).ids
+        if add_special_tokens and self._auto_bos_id is not None:
+            ids.insert(0, self._auto_bos_id)
+        return ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def is_special(self, token_id: int) -> bool:
+        """Whether the id is a special token, i.e. one `decode` skips when asked to."""
+        return token_id in self._special_ids
+
+    def render_chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
+        """The prompt text of a conversation, through the model's chat template.
+
+        Raises PromptError when there are no messages or the template rejects the
+        conversation, TokenizerError when the template itself is broken or unsafe.
+        """
+        if not messages:
+            raise PromptError("A chat prompt needs at least one message.")
+        try:
+            return self._template.render(
+                messages=[dict(message) for message in messages],
+                add_generation_prompt=add_generation_prompt,
+                # transformers always passes these, and templates test them with `is none`.
+                tools=None,
+                documents=None,
+                **self._special_tokens,
+            )
+        except PromptError:
+            raise
+        except SecurityError as exc:
+            raise TokenizerError(
+                f"The chat template of {self._source} tried something the sandbox forbids ({exc}); "
+                "it was stopped. Replace the model's chat template with a trusted one."
+            ) from exc
+        except Exception as exc:  # a template is foreign code: anything it raises means it is broken
+            raise TokenizerError(
+                f"The chat template of {self._source} failed ({type(exc).__name__}: {exc}). "
+                "Fix or replace the model's chat template."
+            ) from exc
+
+    def encode_chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of a rendered conversation, starting with exactly one BOS where the model wants one.
+
+        Most templates write `bos_token` themselves; for those that do not, BOS is
+        added here when the model asks for it, as llama.cpp does (transformers would
+        leave it out).
+        """
+        ids = self.encode(self.render_chat(messages, add_generation_prompt))
+        if self._auto_bos_id is not None and ids[:1] != [self._auto_bos_id]:
+            ids.insert(0, self._auto_bos_id)
+        return ids
+
+    def _token_id(self, token: str | None) -> int | None:
+        return None if token is None else self._backend.token_to_id(token)
+
+    def _end_of_turn_token_id(self) -> int | None:
+        """The special token the chat template closes a turn with (<|im_end|>, <|eot_id|>, ...).
+
+        Models stop by emitting it, yet configs often name only the end-of-text token.
+        """
+        probe = [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": _PROBE_REPLY},
+            {"role": "user", "content": "Hi"},
+        ]
+        try:
+            rendered = self.render_chat(probe, add_generation_prompt=False)
+        except PromptError:
+            return None
+        _, found, after_reply = rendered.partition(_PROBE_REPLY)
+        if not found:
+            return None
+        ids = self._backend.encode(after_reply.lstrip(), add_special_tokens=False).ids
+        return ids[0] if ids and ids[0] in self._special_ids else None
+
+
+def _raise_exception(message: str) -> NoReturn:
+    raise PromptError(f"The model's chat template rejected this conversation: {message}")
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # Jinja's own tojson escapes HTML characters and sorts keys; templates are written against transformers' version.
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(format: str) -> str:
+    return datetime.now().strftime(format)
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}`: transformers marks assistant text for training masks with it.
+
+    Here it only renders its body, but without it such templates would not compile.
+    """
+
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_render_body"), [], [], body).set_lineno(lineno)
+
+    def _render_body(self, caller: jinja2.runtime.Macro) -> str:
+        return caller()
+
+
+def _make_sandbox() -> ImmutableSandboxedEnvironment:
+    environment = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
+    )
+    environment.filters["tojson"] = _tojson
+    environment.globals["raise_exception"] = _raise_exception
+    environment.globals["strftime_now"] = _strftime_now
+    return environment
+
+
+_SANDBOX = _make_sandbox()
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """The object in an optional JSON file; {} when the file is absent."""
+    if not path.is_file():
+        return {}
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TokenizerError(f"{path} cannot be read ({exc}). Download the model's copy of it again.") from exc
+    if not isinstance(value, dict):
+        raise TokenizerError(f"{path} does not hold a JSON object. Download the model's copy of it again.")
+    return value
+
+
+def _read_chat_template(folder: Path, tokenizer_config: Mapping[str, Any]) -> str | None:
+    jinja_file = folder / "chat_template.jinja"
+    if jinja_file.is_file():
+        try:
+            return jinja_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise TokenizerError(f"{jinja_file} cannot be read ({exc}).") from exc
+    template = tokenizer_config.get("chat_template")
+    if template is None:
+        template = _read_json(folder / "chat_template.json").get("chat_template")
+    if isinstance(template, list):  # named templates, e.g. "default" and "tool_use"
+        named = {entry.get("name"): entry.get("template") for entry in template if isinstance(entry, dict)}
+        template = named.get("default")
+    if template is not None and not isinstance(template, str):
+        raise TokenizerError(f"The chat template in {folder} is not a string. Fix its tokenizer_config.json.")
+    return template
+
+
+def _special_token_strings(config: Mapping[str, Any]) -> dict[str, str]:
+    """bos_token, eos_token, ... of a tokenizer config, written as strings or as AddedToken objects."""
+    strings = {}
+    for key, value in config.items():
+        if isinstance(value, Mapping):
+            value = value.get("content")
+        if key.endswith("_token") and isinstance(value, str):
+            strings[key] = value
+    return strings
+
+
+def _token_ids(value: Any) -> list[int]:
+    """eos_token_id of a model config: absent, one id, or a list of them."""
+    values = value if isinstance(value, list) else [value]
+    return [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
