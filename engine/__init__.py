@@ -1,0 +1,24 @@
+"""Tandem's inference engine: load a model, serve many requests at once.
+
+`from engine import Engine, SamplingParams`. Nothing here imports Qt.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["Engine", "SamplingParams"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, so `python -m engine --help` and argument errors answer before
+    # torch is imported.
+    if name == "Engine":
+        from engine.engine import Engine
+
+        return Engine
+    if name == "SamplingParams":
+        from engine.sampling import SamplingParams
+
+        return SamplingParams
+    raise AttributeError(name)

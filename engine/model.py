@@ -1,0 +1,133 @@
+"""The Llama-family decoder, run over a flattened batch of tokens.
+
+Weights are plain tensors (no nn.Module tree): q/k/v and gate/up are fused
+into one matrix each at load time, so a layer is four matmuls. Every token of
+the step carries its own position; attention goes through the paged KV cache
+(see engine.attention), so one forward serves any mix of sequences, prefill
+chunks and decodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention import AttentionMetadata, KVCache, paged_attention
+from engine.config import ModelConfig, rope_inverse_frequencies
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    input_norm: torch.Tensor
+    qkv: torch.Tensor  # [(Hq + 2*Hkv) * D, hidden]
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor  # [2 * intermediate, hidden]
+    gate_up_bias: torch.Tensor | None
+    down: torch.Tensor
+    down_bias: torch.Tensor | None
+
+
+class LlamaModel:
+    def __init__(
+        self,
+        config: ModelConfig,
+        embed: torch.Tensor,
+        layers: list[LayerWeights],
+        norm: torch.Tensor,
+        lm_head: torch.Tensor,
+    ) -> None:
+        self.config = config
+        self.embed = embed
+        self.layers = layers
+        self.norm = norm
+        self.lm_head = lm_head
+        self.device = embed.device
+        self.dtype = embed.dtype
+        self.scale = config.head_dim**-0.5
+        self._q_size = config.num_attention_heads * config.head_dim
+        self._kv_size = config.num_key_value_heads * config.head_dim
+        inv_freq = torch.tensor(rope_inverse_frequencies(config), dtype=torch.float32)
+        self._inv_freq = inv_freq.to(self.device)
+        self._rope_cache_len = 0
+        self._cos = self._sin = torch.empty(0)
+
+    def new_kv_cache(self, num_pages: int, page_size: int) -> KVCache:
+        c = self.config
+        return KVCache(
+            c.num_hidden_layers,
+            num_pages,
+            page_size,
+            c.num_key_value_heads,
+            c.head_dim,
+            self.dtype,
+            self.device,
+        )
+
+    def _rope_tables(self, max_position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # Tables grow on demand to the longest position seen, so a model with a
+        # 128k context does not pay for one up front.
+        if max_position >= self._rope_cache_len:
+            length = max(2 * self._rope_cache_len, max_position + 1, 256)
+            pos = torch.arange(length, dtype=torch.float32, device=self.device)
+            freqs = torch.outer(pos, self._inv_freq)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            self._cos = emb.cos().to(self.dtype)
+            self._sin = emb.sin().to(self.dtype)
+            self._rope_cache_len = length
+        return self._cos, self._sin
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        cache: KVCache,
+        max_position: int,
+    ) -> torch.Tensor:
+        """Hidden states [T, hidden] after the final norm for every input token."""
+        c = self.config
+        cos_table, sin_table = self._rope_tables(max_position)
+        cos = cos_table.index_select(0, positions).unsqueeze(1)
+        sin = sin_table.index_select(0, positions).unsqueeze(1)
+        half = c.head_dim // 2
+        num_tokens = input_ids.shape[0]
+        eps = c.rms_norm_eps
+        norm_shape = (c.hidden_size,)
+
+        x = F.embedding(input_ids, self.embed)
+        for index, layer in enumerate(self.layers):
+            h = F.rms_norm(x, norm_shape, layer.input_norm, eps)
+            qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+            q, k, v = qkv.split((self._q_size, self._kv_size, self._kv_size), dim=-1)
+            q = q.view(num_tokens, c.num_attention_heads, c.head_dim)
+            k = k.view(num_tokens, c.num_key_value_heads, c.head_dim)
+            v = v.view(num_tokens, c.num_key_value_heads, c.head_dim)
+            q = _rotate(q, cos, sin, half)
+            k = _rotate(k, cos, sin, half)
+            attn = paged_attention(index, q, k, v, cache, meta, self.scale)
+            x = x + F.linear(attn, layer.o, layer.o_bias)
+            h = F.rms_norm(x, norm_shape, layer.post_norm, eps)
+            gate_up = F.linear(h, layer.gate_up, layer.gate_up_bias)
+            gate, up = gate_up.chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down, layer.down_bias)
+        return F.rms_norm(x, norm_shape, self.norm, eps)
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, hidden] -> float32 logits [N, vocab]."""
+        return F.linear(hidden, self.lm_head).float()
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int) -> torch.Tensor:
+    # Hugging Face's "rotate half" RoPE layout (the GGUF importer undoes
+    # llama.cpp's interleaved permutation so every checkpoint arrives this way).
+    x1 = x[..., :half]
+    x2 = x[..., half:]
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return x * cos + rotated * sin

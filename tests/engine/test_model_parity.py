@@ -1,0 +1,184 @@
+"""Logits of the engine's model equal Hugging Face transformers' on tiny
+random-weight checkpoints of every supported architecture, through the paged
+KV cache, for a full prefill, a chunked prefill and single-token decodes."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from engine.errors import ModelLoadError, PickleCheckpointError, UnsupportedModelError
+from engine.loader import load_model
+from engine.runner import ModelRunner
+from engine.scheduler import ScheduledChunk, ScheduleResult
+
+transformers = pytest.importorskip("transformers")
+
+TINY = dict(
+    vocab_size=97,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
+
+ARCHS = {
+    "llama": lambda: transformers.LlamaConfig(**TINY, rope_theta=500000.0),
+    "llama3-rope-scaling": lambda: transformers.LlamaConfig(
+        **TINY,
+        tie_word_embeddings=True,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+    ),
+    "llama-linear-rope": lambda: transformers.LlamaConfig(
+        **TINY, rope_scaling={"rope_type": "linear", "factor": 2.0}
+    ),
+    "qwen2-bias": lambda: transformers.Qwen2Config(**TINY, tie_word_embeddings=True),
+    "mistral-sliding-window": lambda: transformers.MistralConfig(**TINY, sliding_window=7),
+}
+
+CLASSES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "mistral": "MistralForCausalLM",
+}
+
+
+def _save_tiny(config, folder: Path, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    cls = getattr(transformers, CLASSES[config.model_type])
+    config._attn_implementation = "eager"
+    model = cls(config).eval()
+    # Random init leaves norms at 1 and biases at 0; perturb every tensor so
+    # a weight loaded into the wrong place shows up in the logits.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    model.save_pretrained(folder)
+    return model
+
+
+def _hf_logits(model, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+def _chunk(ids: list[int], pages: list[int], start: int, num: int) -> ScheduledChunk:
+    seq = SimpleNamespace(token_ids=ids, pages=pages, sampler=None)
+    return ScheduledChunk(seq, start, num)  # type: ignore[arg-type]
+
+
+def _run(runner: ModelRunner, decodes: list[ScheduledChunk], prefills: list[ScheduledChunk]):
+    hidden, _, _ = runner.forward(ScheduleResult(decodes=decodes, prefills=prefills))
+    return runner.model.logits(hidden)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_logits_match_transformers(arch: str, tmp_path: Path) -> None:
+    config = ARCHS[arch]()
+    hf = _save_tiny(config, tmp_path)
+    model = load_model(tmp_path, "cpu", "float32")
+    rng = random.Random(1)
+    ids = [rng.randrange(TINY["vocab_size"]) for _ in range(23)]
+    expected = _hf_logits(hf, ids)
+
+    page_size = 4
+    # Non-contiguous, shuffled pages so that the page table matters.
+    pages = list(range(1, 16))
+    rng.shuffle(pages)
+    runner = ModelRunner(model, model.new_kv_cache(16, page_size))
+
+    # 1. one prefill of the whole prompt from position 0
+    full = _run(runner, [], [_chunk(ids, pages, 0, len(ids))])
+    torch.testing.assert_close(full, expected, atol=2e-4, rtol=1e-4)
+
+    # 2. chunked prefill (10 + 6 tokens) and then single-token decodes, the
+    # decode batched next to a second sequence's prefill
+    other = [rng.randrange(TINY["vocab_size"]) for _ in range(9)]
+    other_pages = [0, 16 - 1]  # disjoint from `pages[:6]` below
+    pages = pages[:6]
+    assert not set(other_pages) & set(pages)
+    a = _run(runner, [], [_chunk(ids, pages, 0, 10)])
+    b = _run(runner, [], [_chunk(ids, pages, 10, 6)])
+    torch.testing.assert_close(torch.cat([a, b]), expected[:16], atol=2e-4, rtol=1e-4)
+    for pos in range(16, len(ids)):
+        if pos == 16:
+            logits = _run(runner, [_chunk(ids, pages, pos, 1)], [_chunk(other, other_pages, 0, 8)])
+            torch.testing.assert_close(logits[1:], _hf_logits(hf, other[:8]), atol=2e-4, rtol=1e-4)
+        else:
+            logits = _run(runner, [_chunk(ids, pages, pos, 1)], [])
+        torch.testing.assert_close(logits[0], expected[pos], atol=2e-4, rtol=1e-4)
+
+
+def test_batched_decodes_of_different_lengths(tmp_path: Path) -> None:
+    hf = _save_tiny(ARCHS["llama"](), tmp_path)
+    model = load_model(tmp_path, "cpu", "float32")
+    runner = ModelRunner(model, model.new_kv_cache(32, 4))
+    rng = random.Random(2)
+    seqs = [[rng.randrange(TINY["vocab_size"]) for _ in range(n)] for n in (3, 9, 14)]
+    tables = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    _run(runner, [], [_chunk(s, t, 0, len(s) - 1) for s, t in zip(seqs, tables)])
+    logits = _run(runner, [_chunk(s, t, len(s) - 1, 1) for s, t in zip(seqs, tables)], [])
+    for row, s in enumerate(seqs):
+        torch.testing.assert_close(logits[row], _hf_logits(hf, s)[-1], atol=2e-4, rtol=1e-4)
+
+
+def test_sharded_checkpoint_loads(tmp_path: Path) -> None:
+    config = ARCHS["qwen2-bias"]()
+    _save_tiny(config, tmp_path / "single")
+    hf = transformers.Qwen2ForCausalLM.from_pretrained(tmp_path / "single")
+    hf.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    a = load_model(tmp_path / "single", "cpu", "float32")
+    b = load_model(tmp_path / "sharded", "cpu", "float32")
+    for la, lb in zip(a.layers, b.layers):
+        assert torch.equal(la.qkv, lb.qkv) and torch.equal(la.qkv_bias, lb.qkv_bias)
+
+
+def test_pickle_only_checkpoint_is_refused(tmp_path: Path) -> None:
+    hf = _save_tiny(ARCHS["llama"](), tmp_path)
+    torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin")
+    (tmp_path / "model.safetensors").unlink()
+    with pytest.raises(PickleCheckpointError, match="pickle"):
+        load_model(tmp_path, "cpu", "float32")
+
+
+def test_corrupt_safetensors_is_a_clear_error(tmp_path: Path) -> None:
+    _save_tiny(ARCHS["llama"](), tmp_path)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(ModelLoadError, match="model.safetensors"):
+        load_model(tmp_path, "cpu", "float32")
+
+
+def test_unknown_architecture_is_named(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mamba"}))
+    save_file({"x": torch.zeros(1)}, tmp_path / "model.safetensors")
+    with pytest.raises(UnsupportedModelError, match="mamba"):
+        load_model(tmp_path, "cpu", "float32")
+
+
+def test_missing_weight_is_named(tmp_path: Path) -> None:
+    hf = _save_tiny(ARCHS["llama"](), tmp_path)
+    state = {k: v for k, v in hf.state_dict().items() if "layers.1.mlp.up_proj" not in k}
+    save_file({k: v.contiguous() for k, v in state.items()}, tmp_path / "model.safetensors")
+    with pytest.raises(ModelLoadError, match="layers.1.mlp.up_proj"):
+        load_model(tmp_path, "cpu", "float32")
+
+
+def test_missing_folder(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="not found"):
+        load_model(tmp_path / "nope", "cpu", "float32")
