@@ -158,7 +158,7 @@ class Engine:
 
     def kv_cache_bytes_per_page(self, page_size: int) -> int:
         c = self.config
-        element = torch.empty((), dtype=self.dtype).element_size()
+        element = torch.empty((), dtype=self.model.act_dtype).element_size()
         return 2 * c.num_hidden_layers * page_size * c.num_key_value_heads * c.head_dim * element
 
     # -- prompts -----------------------------------------------------------

@@ -15,6 +15,7 @@ from safetensors import SafetensorError, safe_open
 
 from engine.config import ModelConfig
 from engine.errors import ModelLoadError, PickleCheckpointError
+from engine.linear import Linear
 from engine.model import LayerWeights, LlamaModel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -160,15 +161,17 @@ def load_model(
         layers.append(
             LayerWeights(
                 input_norm=take(p + "input_layernorm.weight", (hidden,)),
-                qkv=qkv,
-                qkv_bias=qkv_bias,
-                o=take(attn + "o_proj.weight", (hidden, q_out)),
-                o_bias=take_optional(attn + "o_proj.bias", (hidden,), c.o_bias),
+                qkv=Linear(qkv, qkv_bias),
+                o=Linear(
+                    take(attn + "o_proj.weight", (hidden, q_out)),
+                    take_optional(attn + "o_proj.bias", (hidden,), c.o_bias),
+                ),
                 post_norm=take(p + "post_attention_layernorm.weight", (hidden,)),
-                gate_up=gate_up,
-                gate_up_bias=gate_up_bias,
-                down=take(mlp + "down_proj.weight", (hidden, inter)),
-                down_bias=take_optional(mlp + "down_proj.bias", (hidden,), c.mlp_bias),
+                gate_up=Linear(gate_up, gate_up_bias),
+                down=Linear(
+                    take(mlp + "down_proj.weight", (hidden, inter)),
+                    take_optional(mlp + "down_proj.bias", (hidden,), c.mlp_bias),
+                ),
             )
         )
     embed = take("model.embed_tokens.weight", (c.vocab_size, hidden))
@@ -188,4 +191,4 @@ def load_model(
             + (" ..." if len(leftovers) > 5 else "")
             + " (is this really a Llama-family model?)"
         )
-    return LlamaModel(config, embed, layers, norm, lm_head)
+    return LlamaModel(config, embed, layers, norm, Linear(lm_head))

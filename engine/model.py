@@ -16,20 +16,17 @@ import torch.nn.functional as F
 
 from engine.attention import AttentionMetadata, KVCache, paged_attention
 from engine.config import ModelConfig, rope_inverse_frequencies
+from engine.linear import Linear
 
 
 @dataclass(slots=True)
 class LayerWeights:
     input_norm: torch.Tensor
-    qkv: torch.Tensor  # [(Hq + 2*Hkv) * D, hidden]
-    qkv_bias: torch.Tensor | None
-    o: torch.Tensor
-    o_bias: torch.Tensor | None
+    qkv: Linear  # [(Hq + 2*Hkv) * D, hidden]
+    o: Linear
     post_norm: torch.Tensor
-    gate_up: torch.Tensor  # [2 * intermediate, hidden]
-    gate_up_bias: torch.Tensor | None
-    down: torch.Tensor
-    down_bias: torch.Tensor | None
+    gate_up: Linear  # [2 * intermediate, hidden]
+    down: Linear
 
 
 class LlamaModel:
@@ -39,15 +36,24 @@ class LlamaModel:
         embed: torch.Tensor,
         layers: list[LayerWeights],
         norm: torch.Tensor,
-        lm_head: torch.Tensor,
+        lm_head: Linear,
     ) -> None:
         self.config = config
         self.embed = embed
         self.layers = layers
-        self.norm = norm
         self.lm_head = lm_head
         self.device = embed.device
-        self.dtype = embed.dtype
+        self.dtype = embed.dtype  # the weights' dtype, used by every matmul
+        # Everything between the matmuls (norms, RoPE, attention, the residual
+        # stream) and the KV cache run in act_dtype. On the CPU that is fp32:
+        # its elementwise and small batched kernels are much faster than
+        # bf16's, which also convert back and forth inside; and fp32
+        # activations are what llama.cpp keeps too.
+        self.act_dtype = torch.float32 if self.device.type == "cpu" else self.dtype
+        for layer in layers:
+            layer.input_norm = layer.input_norm.to(self.act_dtype)
+            layer.post_norm = layer.post_norm.to(self.act_dtype)
+        self.norm = norm.to(self.act_dtype)
         self.scale = config.head_dim**-0.5
         self._q_size = config.num_attention_heads * config.head_dim
         self._kv_size = config.num_key_value_heads * config.head_dim
@@ -64,7 +70,7 @@ class LlamaModel:
             page_size,
             c.num_key_value_heads,
             c.head_dim,
-            self.dtype,
+            self.act_dtype,
             self.device,
         )
 
@@ -76,8 +82,8 @@ class LlamaModel:
             pos = torch.arange(length, dtype=torch.float32, device=self.device)
             freqs = torch.outer(pos, self._inv_freq)
             emb = torch.cat((freqs, freqs), dim=-1)
-            self._cos = emb.cos().to(self.dtype)
-            self._sin = emb.sin().to(self.dtype)
+            self._cos = emb.cos().to(self.act_dtype)
+            self._sin = emb.sin().to(self.act_dtype)
             self._rope_cache_len = length
         return self._cos, self._sin
 
@@ -100,28 +106,28 @@ class LlamaModel:
         eps = c.rms_norm_eps
         norm_shape = (c.hidden_size,)
 
-        x = F.embedding(input_ids, self.embed)
+        act, weight = self.act_dtype, self.dtype
+        x = F.embedding(input_ids, self.embed).to(act)
         for index, layer in enumerate(self.layers):
             h = F.rms_norm(x, norm_shape, layer.input_norm, eps)
-            qkv = F.linear(h, layer.qkv, layer.qkv_bias)
-            q, k, v = qkv.split((self._q_size, self._kv_size, self._kv_size), dim=-1)
-            q = q.view(num_tokens, c.num_attention_heads, c.head_dim)
-            k = k.view(num_tokens, c.num_key_value_heads, c.head_dim)
+            qkv = layer.qkv(h.to(weight)).to(act)
+            qk, v = qkv.split((self._q_size + self._kv_size, self._kv_size), dim=-1)
+            # q and k heads rotate together: one set of elementwise ops, not two.
+            qk = _rotate(qk.view(num_tokens, -1, c.head_dim), cos, sin, half)
+            q, k = qk.split((c.num_attention_heads, c.num_key_value_heads), dim=1)
             v = v.view(num_tokens, c.num_key_value_heads, c.head_dim)
-            q = _rotate(q, cos, sin, half)
-            k = _rotate(k, cos, sin, half)
             attn = paged_attention(index, q, k, v, cache, meta, self.scale)
-            x = x + F.linear(attn, layer.o, layer.o_bias)
+            x = x + layer.o(attn.to(weight))
             h = F.rms_norm(x, norm_shape, layer.post_norm, eps)
-            gate_up = F.linear(h, layer.gate_up, layer.gate_up_bias)
+            gate_up = layer.gate_up(h.to(weight))
             gate, up = gate_up.chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down, layer.down_bias)
+            x = x + layer.down(F.silu(gate) * up)
         return F.rms_norm(x, norm_shape, self.norm, eps)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> float32 logits [N, vocab]."""
-        return F.linear(hidden, self.lm_head).float()
+        return self.lm_head(hidden.to(self.dtype)).float()
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int) -> torch.Tensor:

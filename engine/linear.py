@@ -1,0 +1,65 @@
+"""Matrix products with the model's weights, in the fastest form the device has.
+
+On the CPU, oneDNN can reorder a weight once into its blocked layout; every
+later product then skips the per-call reorder that `F.linear` pays. Measured
+on a 2-core AVX512-BF16 Xeon for SmolLM2-135M shapes, that is the difference
+between bf16 being slower and faster than fp32. The op is private to
+PyTorch, so it is verified once against `F.linear` and dropped if anything
+about it differs.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+_packing_works: dict[torch.dtype, bool] = {}
+
+
+class Linear:
+    """y = x @ weight.T + bias."""
+
+    __slots__ = ("weight", "bias", "_packed", "out_features")
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.weight = weight
+        self.bias = bias
+        self.out_features = weight.shape[0]
+        self._packed: torch.Tensor | None = None
+        if weight.device.type == "cpu" and _cpu_packing_available(weight.dtype):
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self._packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+
+def _cpu_packing_available(dtype: torch.dtype) -> bool:
+    if dtype not in _packing_works:
+        _packing_works[dtype] = _check_packing(dtype)
+    return _packing_works[dtype]
+
+
+def _check_packing(dtype: torch.dtype) -> bool:
+    if not torch.backends.mkldnn.is_available() or dtype not in (torch.float32, torch.bfloat16):
+        return False
+    try:
+        gen = torch.Generator().manual_seed(0)
+        weight = torch.randn(48, 64, generator=gen).to(dtype)
+        bias = torch.randn(48, generator=gen).to(dtype)
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+        for rows in (1, 5, 33):
+            x = torch.randn(rows, 64, generator=gen).to(dtype)
+            got = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+            want = F.linear(x.float(), weight.float(), bias.float())
+            if got.shape != want.shape or not torch.allclose(got.float(), want, atol=0.1, rtol=0.02):
+                raise RuntimeError("packed product differs from F.linear")
+    except Exception as exc:  # private op missing or changed in this torch build
+        log.info("oneDNN weight packing unavailable for %s: %s", dtype, exc)
+        return False
+    return True
