@@ -41,6 +41,11 @@ class FirstTokenBlindPool(PagePool):
         return super().hash_page(parent, [0, *token_ids[1:]])
 
 
+# A small alphabet, so that prompts often share prefixes.
+TOKEN = st.integers(0, 1)
+PROMPT = st.lists(TOKEN, min_size=1, max_size=8)
+
+
 def pages_for(num_tokens: int, page_size: int) -> int:
     return -(-num_tokens // page_size)
 
@@ -75,7 +80,9 @@ class PoolSafetyMachine(RuleBasedStateMachine):
         self.hit_pages = 0
 
     @initialize(
-        num_pages=st.integers(1, 12), page_size=st.integers(1, 3), enabled=st.booleans()
+        num_pages=st.integers(1, 16),
+        page_size=st.integers(1, 3),
+        enabled=st.sampled_from([True, True, True, False]),
     )
     def make_pool(self, num_pages: int, page_size: int, enabled: bool) -> None:
         self.pool = self.pool_class(num_pages, page_size, enable_prefix_cache=enabled)
@@ -176,13 +183,13 @@ class PoolSafetyMachine(RuleBasedStateMachine):
 
     # -- rules -----------------------------------------------------------------
 
-    @rule(tokens=st.lists(st.integers(0, 2), min_size=1, max_size=10))
-    def start_sequence(self, tokens: list[int]) -> None:
+    def admit(self, tokens: list[int]) -> ModelSeq | None:
+        """Take cached pages and allocate the rest, or back off; computes nothing."""
         # Leave one prompt token uncached: its logits start the reply.
         pages, hashes = self.match(tokens, max_pages=(len(tokens) - 1) // self.ps)
+        seq = ModelSeq(tokens[: len(pages) * self.ps], list(pages), list(hashes))
         seq_id = self.next_seq_id
         self.next_seq_id += 1
-        seq = ModelSeq(tokens[: len(pages) * self.ps], list(pages), list(hashes))
         self.seqs[seq_id] = seq
         self.pool.acquire(pages)
         self.on_acquire(pages)
@@ -192,16 +199,40 @@ class PoolSafetyMachine(RuleBasedStateMachine):
                 self.pool.allocate(need)
             del self.seqs[seq_id]
             self.release(seq.pages)
-            return
+            return None
         seq.pages += self.allocate(need)
         seq.tokens = list(tokens)
-        self.register_full_pages(seq)
+        return seq
+
+    @rule(tokens=PROMPT)
+    def start_sequence(self, tokens: list[int]) -> None:
+        seq = self.admit(tokens)
+        if seq is not None:
+            self.register_full_pages(seq)
+
+    @rule(tokens=PROMPT, copies=st.integers(2, 3))
+    def broadcast(self, tokens: list[int], copies: int) -> None:
+        """Several panes admitted in one step compute the same prompt."""
+        admitted = [self.admit(tokens) for _ in range(copies)]
+        for seq in admitted:
+            if seq is not None:
+                self.register_full_pages(seq)
 
     @precondition(lambda self: self.seqs)
-    @rule(index=st.integers(0, 100), tokens=st.lists(st.integers(0, 2), min_size=1, max_size=6))
-    def extend_sequence(self, index: int, tokens: list[int]) -> None:
+    @rule(index=st.integers(0, 100), keep=st.integers(0, 100), extra=st.lists(TOKEN, max_size=4))
+    def next_turn(self, index: int, keep: int, extra: list[int]) -> None:
+        """A sequence ends; its conversation goes on (or regenerates) from a prefix of it."""
+        seq = self.seqs.pop(self.pick(index))
+        self.release(seq.pages)
+        prompt = seq.tokens[: len(seq.tokens) - keep % (len(seq.tokens) + 1)] + extra
+        if prompt:
+            self.start_sequence(prompt)
+
+    @precondition(lambda self: self.seqs)
+    @rule(index=st.integers(0, 100), generated=st.lists(TOKEN, min_size=1, max_size=6))
+    def extend_sequence(self, index: int, generated: list[int]) -> None:
         seq = self.seqs[self.pick(index)]
-        for token in tokens:
+        for token in generated:
             if len(seq.tokens) == len(seq.pages) * self.ps:
                 if not self.pool.can_allocate(1):
                     return
@@ -227,7 +258,7 @@ class PoolSafetyMachine(RuleBasedStateMachine):
         seq = self.seqs.pop(self.pick(index))
         self.release(seq.pages)
 
-    @rule(n=st.integers(0, 14))
+    @rule(n=st.integers(0, 8))
     def allocation_pressure(self, n: int) -> None:
         if self.pool.can_allocate(n):
             self.blobs.append(self.allocate(n))
@@ -255,7 +286,7 @@ class PoolSafetyMachine(RuleBasedStateMachine):
         self.on_reset()
 
     @rule(
-        tokens=st.lists(st.integers(0, 2), max_size=12),
+        tokens=st.lists(TOKEN, max_size=10),
         max_pages=st.none() | st.integers(0, 5),
     )
     def query(self, tokens: list[int], max_pages: int | None) -> None:
@@ -400,8 +431,8 @@ class PoolReferenceMachine(PoolSafetyMachine):
 
 
 _machine_settings = settings(
-    max_examples=150,
-    stateful_step_count=40,
+    max_examples=250,
+    stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
