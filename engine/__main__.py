@@ -34,6 +34,7 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prefix-cache", action="store_true", help="recompute every prompt fully")
     p.add_argument("--kv-pages", type=int, default=None, help="KV-cache size in pages")
     p.add_argument("--page-size", type=int, default=16, help="tokens per KV-cache page")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: one per core)")
 
 
 def _add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -91,6 +92,7 @@ def _engine(args: argparse.Namespace) -> Any:
         page_size=args.page_size,
         kv_pages=args.kv_pages,
         enable_prefix_cache=not args.no_prefix_cache,
+        threads=args.threads,
     )
 
 

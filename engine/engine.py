@@ -105,17 +105,68 @@ class Engine:
         max_batch_tokens: int | None = None,
         max_running: int = 64,
         enable_prefix_cache: bool = True,
+        threads: int | None = None,
     ) -> None:
+        if page_size < 1:
+            raise EngineError("page_size must be at least 1")
         folder = resolve_model(model)
-        dev = resolve_device(device)
         self.model_path = folder
         self.tokenizer = Tokenizer.from_folder(folder)
+        self._ids = itertools.count()
+        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._live: dict[int, Sequence] = {}
+        self._closed = False
+        self._prompt_computed = 0
+        self._prompt_reused = 0
+        self._generated = 0
+        self._decode_window: deque[tuple[int, float]] = deque(maxlen=64)
+        self._ttfts: deque[float] = deque(maxlen=32)
+        # Every torch call happens on the engine thread, loading included:
+        # PyTorch's OpenMP pool belongs to the thread that first uses it, and
+        # a second thread running ops next to it was measured at half speed.
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def start() -> None:
+            try:
+                self._set_up(
+                    folder, device, dtype, page_size, kv_pages, kv_cache_bytes,
+                    max_batch_tokens, max_running, enable_prefix_cache, threads,
+                )
+            except BaseException as exc:
+                failure.append(exc)
+                return
+            finally:
+                ready.set()
+            self._run()
+
+        self._thread = threading.Thread(target=start, name="tandem-engine", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if failure:
+            self._closed = True
+            raise failure[0]
+
+    def _set_up(
+        self,
+        folder: Path,
+        device: str,
+        dtype: str,
+        page_size: int,
+        kv_pages: int | None,
+        kv_cache_bytes: int | None,
+        max_batch_tokens: int | None,
+        max_running: int,
+        enable_prefix_cache: bool,
+        threads: int | None,
+    ) -> None:
+        if threads is not None:
+            torch.set_num_threads(max(1, threads))
+        dev = resolve_device(device)
         self.model = load_model(folder, dev, resolve_dtype(dtype, dev))
         self.config = self.model.config
         self.device = self.model.device
         self.dtype = self.model.dtype
-        if page_size < 1:
-            raise EngineError("page_size must be at least 1")
         if kv_pages is None:
             kv_pages = self._default_kv_pages(page_size, kv_cache_bytes)
         self.pool = PagePool(kv_pages, page_size, enable_prefix_cache=enable_prefix_cache)
@@ -130,18 +181,6 @@ class Engine:
         self._stop_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(
             self.config.eos_token_ids
         )
-
-        self._ids = itertools.count()
-        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._live: dict[int, Sequence] = {}
-        self._closed = False
-        self._prompt_computed = 0
-        self._prompt_reused = 0
-        self._generated = 0
-        self._decode_window: deque[tuple[int, float]] = deque(maxlen=64)
-        self._ttfts: deque[float] = deque(maxlen=32)
-        self._thread = threading.Thread(target=self._run, name="tandem-engine", daemon=True)
-        self._thread.start()
 
     def _default_kv_pages(self, page_size: int, kv_cache_bytes: int | None) -> int:
         c = self.config
@@ -210,7 +249,7 @@ class Engine:
             request_id=next(self._ids),
             prompt_ids=ids,
             params=params,
-            sampler=RequestSampler(params, self.device, ids),
+            sampler=None,  # made on the engine thread: it holds torch state
             detokenizer=IncrementalDetokenizer(self.tokenizer, ids, params.stop),
             sink=sink or (lambda event: None),
             stop_token_ids=frozenset() if params.ignore_eos else self._stop_ids,
@@ -443,8 +482,13 @@ class Engine:
 
     def _handle(self, item: Any) -> None:
         if isinstance(item, _Submit):
-            self._live[item.seq.request_id] = item.seq
-            self.scheduler.add(item.seq)
+            seq = item.seq
+            self._live[seq.request_id] = seq
+            try:
+                seq.sampler = RequestSampler(seq.params, self.device, seq.prompt_ids)
+                self.scheduler.add(seq)
+            except Exception as exc:
+                self._finish(seq, exc)
         elif isinstance(item, _Abort):
             seq = self._live.get(item.request_id)
             if seq is not None:

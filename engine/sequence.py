@@ -67,7 +67,7 @@ class Sequence:
     request_id: int
     prompt_ids: list[int]
     params: SamplingParams
-    sampler: RequestSampler
+    sampler: RequestSampler | None
     detokenizer: IncrementalDetokenizer
     sink: EventSink
     stop_token_ids: frozenset[int]
