@@ -66,7 +66,7 @@ def conversation(engine: Engine, turns: int, reply_tokens: int) -> tuple[list[fl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--turns", type=int, default=10)
-    parser.add_argument("--reply-tokens", type=int, default=64)
+    parser.add_argument("--reply-tokens", type=int, default=96)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
     args = parser.parse_args()

@@ -57,6 +57,8 @@ def main() -> None:
         "staggered_s": round(staggered, 3),
         "together_ratio": round(together / one, 3),
         "staggered_ratio": round(staggered / one, 3),
+        # The last pane started (panes-1)*stagger after the first: its own time.
+        "staggered_last_pane_ratio": round((staggered - (args.panes - 1) * args.stagger) / one, 3),
         "panes": args.panes,
         "stagger_s": args.stagger,
         "machine": machine(),

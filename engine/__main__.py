@@ -35,6 +35,7 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-pages", type=int, default=None, help="KV-cache size in pages")
     p.add_argument("--page-size", type=int, default=16, help="tokens per KV-cache page")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: one per core)")
+    p.add_argument("--stats", action="store_true", help="print engine statistics to stderr at the end")
 
 
 def _add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -136,7 +137,26 @@ def _generate(args: argparse.Namespace) -> int:
             for i, out in enumerate(engine.generate_outputs(prompts, params)):
                 sys.stdout.write(f"--- [{i}] ---\n{out.text}\n")
             sys.stdout.flush()
+        if args.stats:
+            _print_stats(engine)
     return 0
+
+
+def _print_stats(engine: Any) -> None:
+    stats = engine.stats()
+    summary = {
+        "device": engine.device.type,
+        "dtype": str(engine.dtype).removeprefix("torch."),
+        "decode_tok_s": round(stats.decode_tokens_per_s, 1),
+        "ttft_s": [round(t, 4) for t in stats.recent_ttft_s],
+        "prompt_tokens_computed": stats.prompt_tokens_computed,
+        "prompt_tokens_reused": stats.prompt_tokens_reused,
+        "pages_used": stats.pages_used,
+        "pages_cached": stats.pages_cached,
+        "pages_free": stats.pages_free,
+        "preemptions": stats.preemptions,
+    }
+    print(json.dumps(summary), file=sys.stderr)
 
 
 def _chat(args: argparse.Namespace) -> int:
