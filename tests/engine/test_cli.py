@@ -145,3 +145,22 @@ def test_prompt_longer_than_context(default_model_dir: Path) -> None:
         "--max-tokens", "8",
     )
     _assert_clean_error(proc, "context")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message for a machine without CUDA")
+def test_cuda_without_gpu(default_model_dir: Path) -> None:
+    _assert_clean_error(
+        run_cli("generate", "--model", str(default_model_dir), "--chat", "hi", "--device", "cuda"),
+        "CUDA",
+    )
+
+
+def test_cache_too_small_and_bad_sampling(default_model_dir: Path) -> None:
+    _assert_clean_error(
+        run_cli("generate", "--model", str(default_model_dir), "--chat", "hi", "--kv-pages", "2"),
+        "KV-cache pages",
+    )
+    _assert_clean_error(
+        run_cli("generate", "--model", str(default_model_dir), "--chat", "hi", "--top-p", "0"),
+        "top_p",
+    )
