@@ -325,6 +325,22 @@ class Engine:
             raise ValueError(f"{len(plist)} sampling params for {count} prompts")
         return plist
 
+    def _submit_batch(
+        self,
+        prompts: Seq[Prompt],
+        plist: Seq[SamplingParams],
+        sink_for: Any,
+        handles: list[RequestHandle],
+    ) -> None:
+        """Submit a batch, appending to `handles` as it goes (so a caller's
+        cleanup can abort what was submitted). Every prompt is encoded and
+        checked first: a bad one fails before any request of the batch starts."""
+        encoded = [self.encode_prompt(p) for p in prompts]
+        for ids, p in zip(encoded, plist):
+            self.scheduler.check_fits(len(ids), p.max_tokens)
+        for idx, (ids, p) in enumerate(zip(encoded, plist)):
+            handles.append(self.submit(ids, p, sink_for(idx)))
+
     def _stream(self, prompts: list[Prompt], plist: list[SamplingParams]) -> Iterator[tuple[int, str]]:
         for idx, event in self._events(prompts, plist):
             if event.text:
@@ -335,27 +351,21 @@ class Engine:
     ) -> Iterator[tuple[int, StreamEvent]]:
         inbox: queue.SimpleQueue[tuple[int, StreamEvent]] = queue.SimpleQueue()
         handles: list[RequestHandle] = []
-        pending: set[int] = set()
+        finished: set[int] = set()
         try:
-            # Encode everything first so that a bad prompt fails before any
-            # request of the batch starts.
-            encoded = [self.encode_prompt(p) for p in prompts]
-            for ids, p in zip(encoded, plist):
-                self.scheduler.check_fits(len(ids), p.max_tokens)
-            for idx, (ids, p) in enumerate(zip(encoded, plist)):
-                handles.append(self.submit(ids, p, lambda e, i=idx: inbox.put((i, e))))
-                pending.add(idx)
-            while pending:
+            self._submit_batch(prompts, plist, lambda i: lambda e: inbox.put((i, e)), handles)
+            while len(finished) < len(handles):
                 idx, event = inbox.get()
                 if event.output is not None:
-                    pending.discard(idx)
+                    finished.add(idx)
                     if event.output.error is not None:
                         raise event.output.error
                 yield idx, event
         finally:
             # Closing the generator early (or an error) aborts what is left.
-            for idx in pending:
-                self.abort(handles[idx])
+            for idx, handle in enumerate(handles):
+                if idx not in finished:
+                    self.abort(handle)
 
     # -- asyncio API -------------------------------------------------------
 
@@ -385,25 +395,24 @@ class Engine:
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue[tuple[int, StreamEvent]] = asyncio.Queue()
         handles: list[RequestHandle] = []
-        pending: set[int] = set()
+        finished: set[int] = set()
+
+        def sink_for(idx: int) -> EventSink:
+            return lambda e: loop.call_soon_threadsafe(inbox.put_nowait, (idx, e))
+
         try:
-            encoded = [self.encode_prompt(p) for p in items]
-            for ids, p in zip(encoded, plist):
-                self.scheduler.check_fits(len(ids), p.max_tokens)
-            for idx, (ids, p) in enumerate(zip(encoded, plist)):
-                sink = lambda e, i=idx: loop.call_soon_threadsafe(inbox.put_nowait, (i, e))
-                handles.append(self.submit(ids, p, sink))
-                pending.add(idx)
-            while pending:
+            self._submit_batch(items, plist, sink_for, handles)
+            while len(finished) < len(handles):
                 idx, event = await inbox.get()
                 if event.output is not None:
-                    pending.discard(idx)
+                    finished.add(idx)
                     if event.output.error is not None:
                         raise event.output.error
                 yield (idx if batch else None), event
         finally:
-            for idx in pending:
-                self.abort(handles[idx])
+            for idx, handle in enumerate(handles):
+                if idx not in finished:
+                    self.abort(handle)
 
     # -- introspection and lifetime ------------------------------------------
 
