@@ -441,6 +441,8 @@ class Engine:
     def run_on_engine_thread(self, fn: Any) -> Any:
         """Run fn() between two steps on the engine thread and return its result
         (for maintenance such as clearing the prefix cache)."""
+        if self._closed:
+            raise EngineClosedError("The engine has been shut down")
         call = _Call(fn, threading.Event())
         self._inbox.put(call)
         call.done.wait()

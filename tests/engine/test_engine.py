@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from engine.engine import Engine
-from engine.errors import PromptError, RequestTooLargeError
+from engine.errors import EngineClosedError, PromptError, RequestTooLargeError
 from engine.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
@@ -232,3 +232,12 @@ def test_request_larger_than_pool_fails_at_once(default_model_dir: Path) -> None
     with Engine(default_model_dir, device="cpu", dtype="float32", kv_pages=4) as eng:
         with pytest.raises(RequestTooLargeError, match="pages"):
             eng.generate(chat(QUESTIONS[3]), params=SamplingParams(temperature=0, max_tokens=64))
+
+
+def test_closed_engine_refuses_work(default_model_dir: Path) -> None:
+    eng = Engine(default_model_dir, device="cpu", dtype="float32", kv_pages=8)
+    eng.close()
+    with pytest.raises(EngineClosedError):
+        eng.generate(chat("Hi!"), params=GREEDY)
+    with pytest.raises(EngineClosedError):
+        eng.reset_prefix_cache()
