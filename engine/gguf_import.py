@@ -22,6 +22,7 @@ turned into such a folder by `import_gguf`:
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -79,11 +80,11 @@ def import_gguf(gguf_path: str | Path, dest: str | Path) -> Path:
     _check_replaceable(dest)
 
     checkpoint = _read_checkpoint(source)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_partials(dest.parent)
     staging = dest.parent / f".{dest.name}{_PARTIAL_INFIX}{secrets.token_hex(6)}"
-    staging.mkdir()
     try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_partials(dest.parent)
+        staging.mkdir()
         _write_json(staging / "config.json", checkpoint.config)
         _write_json(staging / "generation_config.json", checkpoint.generation_config)
         _write_file(staging / "tokenizer.json", checkpoint.tokenizer.to_str().encode())
@@ -92,6 +93,11 @@ def import_gguf(gguf_path: str | Path, dest: str | Path) -> Path:
         _write_json(staging / MARKER_NAME, stamp)
         _fsync_dir(staging)
         return _publish(staging, dest, stamp)
+    except OSError as exc:
+        hint = " The disk is full: free some space and try again." if exc.errno == errno.ENOSPC else ""
+        raise ModelLoadError(
+            f"Could not write the imported model to {dest.parent}: {exc.strerror or exc}.{hint}"
+        ) from exc
     finally:
         # Gone already when published; otherwise the import failed half way.
         shutil.rmtree(staging, ignore_errors=True)
