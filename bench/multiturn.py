@@ -48,12 +48,7 @@ def conversation(engine: Engine, turns: int, reply_tokens: int) -> tuple[list[fl
     ttft, reused, lengths = [], [], []
     for turn in range(turns):
         messages.append({"role": "user", "content": message(turn)})
-        rendered = tok.render_chat(messages, add_generation_prompt=True)
-        kept = tok.decode(ids, skip_special_tokens=False)
-        if ids and rendered.startswith(kept):
-            prompt = ids + tok.encode(rendered[len(kept):])
-        else:  # first turn, or a template that rewrites history
-            prompt = tok.encode_chat(messages)
+        prompt = tok.encode_next_turn(ids, messages)
         out = engine.generate_outputs([prompt], params)[0]
         ttft.append(round(out.metrics.time_to_first_token, 4))
         reused.append(round(out.metrics.cached_prompt_tokens / len(prompt), 3))

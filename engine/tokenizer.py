@@ -191,6 +191,26 @@ class Tokenizer:
             ids.insert(0, self._auto_bos_id)
         return ids
 
+    def encode_next_turn(
+        self, history_ids: Sequence[int], messages: Sequence[Mapping[str, str]]
+    ) -> list[int]:
+        """Prompt ids for the next turn: `history_ids` (the conversation so far,
+        exactly as fed and generated) followed by the ids of what the template
+        adds for the new messages.
+
+        Re-encoding earlier replies from their text can give other ids than
+        the ones generated, which silently kills prefix-cache hits, so the
+        kept ids are reused. When the template does not just append (its
+        render of `messages` does not start with the kept text, e.g. it
+        rewrites earlier turns) the whole conversation is encoded afresh:
+        fewer cache hits, but the prompt the model would expect.
+        """
+        rendered = self.render_chat(messages, add_generation_prompt=True)
+        kept = self.decode(history_ids, skip_special_tokens=False)
+        if history_ids and kept and rendered.startswith(kept):
+            return list(history_ids) + self.encode(rendered[len(kept) :])
+        return self.encode_chat(messages)
+
     def _token_id(self, token: str | None) -> int | None:
         return None if token is None else self._backend.token_to_id(token)
 

@@ -68,15 +68,6 @@ def test_batch_under_preemption_equals_each_alone(default_model_dir: Path, engin
         assert_pool_consistent(small)
 
 
-def _next_turn_ids(eng: Engine, history_ids: list[int], messages: list[dict[str, str]]) -> list[int]:
-    """Ids of the conversation so far, kept as generated, plus the new turn
-    rendered through the template (which for ChatML only appends)."""
-    full = eng.tokenizer.render_chat(messages, add_generation_prompt=True)
-    kept = eng.tokenizer.decode(history_ids, skip_special_tokens=False)
-    assert full.startswith(kept)
-    return history_ids + eng.tokenizer.encode(full[len(kept) :])
-
-
 def test_second_turn_computes_only_the_new_tokens(default_model_dir: Path) -> None:
     question = "Tell me about cats."
     params = SamplingParams(temperature=0.0, max_tokens=40)
@@ -86,7 +77,10 @@ def test_second_turn_computes_only_the_new_tokens(default_model_dir: Path) -> No
             {"role": "assistant", "content": first.text},
             {"role": "user", "content": "And dogs?"},
         ]
-        turn2 = _next_turn_ids(eng, first.prompt_token_ids + first.token_ids, messages)
+        history = first.prompt_token_ids + first.token_ids
+        turn2 = eng.tokenizer.encode_next_turn(history, messages)
+        # The template only appends, so the kept ids are the prompt's start.
+        assert turn2[: len(history)] == history
         before = eng.stats()
         second = eng.generate_outputs([turn2], params)[0]
         after = eng.stats()

@@ -536,3 +536,31 @@ def test_corrupt_tokenizer_config(tmp_path: Path) -> None:
 
     with pytest.raises(TokenizerError, match="tokenizer_config.json"):
         Tokenizer.from_folder(folder)
+
+
+def test_next_turn_keeps_generated_ids(chatml_folder: Path) -> None:
+    tokenizer = Tokenizer.from_folder(chatml_folder)
+    question = [{"role": "user", "content": "Hello there"}]
+    prompt = tokenizer.encode_chat(question)
+    # A reply whose ids are not what encoding its text gives: one id per
+    # character, as a sampler may well produce.
+    reply_ids = [i for ch in "Hello world" for i in tokenizer.encode(ch)]
+    assert reply_ids != tokenizer.encode("Hello world")
+    end_of_turn = sorted(tokenizer.eos_token_ids)[0]
+    history = prompt + reply_ids + [end_of_turn]
+    messages = question + [
+        {"role": "assistant", "content": "Hello world"},
+        {"role": "user", "content": "And again"},
+    ]
+    ids = tokenizer.encode_next_turn(history, messages)
+    assert ids[: len(history)] == history
+    assert tokenizer.decode(ids, skip_special_tokens=False) == tokenizer.render_chat(messages)
+    assert ids != tokenizer.encode_chat(messages)
+
+
+def test_next_turn_renders_afresh_when_history_is_not_a_prefix(chatml_folder: Path) -> None:
+    tokenizer = Tokenizer.from_folder(chatml_folder)
+    other = tokenizer.encode_chat([{"role": "user", "content": "Something else entirely"}])
+    messages = [{"role": "user", "content": "Hello there"}]
+    assert tokenizer.encode_next_turn(other, messages) == tokenizer.encode_chat(messages)
+    assert tokenizer.encode_next_turn([], messages) == tokenizer.encode_chat(messages)
