@@ -168,39 +168,53 @@ def _chat(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-        history: list[dict[str, str]] = (
-            [{"role": "system", "content": args.system}] if args.system else []
-        )
-        while True:
-            try:
-                line = input("> ")
-            except EOFError:
-                print(file=sys.stderr)
-                return 0
-            text = line.strip()
-            if not text:
-                continue
-            if text in ("/exit", "/quit"):
-                return 0
-            if text == "/reset":
-                history = history[:1] if args.system else []
-                print("(conversation cleared)", file=sys.stderr)
-                continue
-            history.append({"role": "user", "content": text})
-            reply: list[str] = []
-            try:
-                for delta in engine.generate(history, stream=True, params=params):
-                    reply.append(delta)
-                    sys.stdout.write(delta)
-                    sys.stdout.flush()
-            except KeyboardInterrupt:
-                sys.stdout.write(" [stopped]")
-            except EngineError as exc:
-                history.pop()
-                print(f"error: {exc}", file=sys.stderr)
-                continue
-            sys.stdout.write("\n")
-            history.append({"role": "assistant", "content": "".join(reply)})
+        code = _chat_loop(engine, args.system, params)
+        if args.stats:
+            _print_stats(engine)
+        return code
+
+
+def _chat_loop(engine: Any, system_prompt: str | None, params: SamplingParams) -> int:
+    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    messages: list[dict[str, str]] = list(system)
+    # The conversation's ids exactly as fed and generated, so each turn's
+    # prompt extends the last one and the prefix cache serves all of it.
+    history_ids: list[int] = []
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print(file=sys.stderr)
+            return 0
+        text = line.strip()
+        if not text:
+            continue
+        if text in ("/exit", "/quit"):
+            return 0
+        if text == "/reset":
+            messages, history_ids = list(system), []
+            print("(conversation cleared)", file=sys.stderr)
+            continue
+        messages.append({"role": "user", "content": text})
+        reply_text: list[str] = []
+        reply_ids: list[int] = []
+        prompt = history_ids  # if interrupted before the new prompt exists
+        try:
+            prompt = engine.tokenizer.encode_next_turn(history_ids, messages)
+            for _, event in engine.events(prompt, params):
+                reply_ids.extend(event.token_ids)
+                reply_text.append(event.text)
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+        except KeyboardInterrupt:
+            sys.stdout.write(" [stopped]")
+        except EngineError as exc:
+            messages.pop()
+            print(f"error: {exc}", file=sys.stderr)
+            continue
+        sys.stdout.write("\n")
+        history_ids = prompt + reply_ids
+        messages.append({"role": "assistant", "content": "".join(reply_text)})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

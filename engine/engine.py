@@ -293,8 +293,7 @@ class Engine:
         if stream:
             gen = self._stream(items, plist)
             return gen if batch else (delta for _, delta in gen)
-        outputs = self.generate_outputs(items, plist)
-        texts = [o.text for o in outputs]
+        texts = [o.text for o in self._run_to_completion(items, plist)]
         return texts if batch else texts[0]
 
     def generate_outputs(
@@ -304,12 +303,24 @@ class Engine:
         **sampling: Any,
     ) -> list[RequestOutput]:
         """Run a batch to completion and return the full records, in input order."""
-        plist = self._params_list(params, len(prompts), sampling)
-        outputs: list[RequestOutput | None] = [None] * len(prompts)
-        for idx, event in self._events(list(prompts), plist):
-            if event.output is not None:
-                outputs[idx] = event.output
-        return [o for o in outputs if o is not None]
+        return self._run_to_completion(
+            list(prompts), self._params_list(params, len(prompts), sampling)
+        )
+
+    def events(
+        self,
+        prompts: Prompt | Seq[Prompt],
+        params: SamplingParams | Seq[SamplingParams] | None = None,
+        **sampling: Any,
+    ) -> Iterator[tuple[int | None, StreamEvent]]:
+        """Every StreamEvent of the requests as they come (the last one of each
+        carries its RequestOutput); idx is None for a single prompt. Closing
+        the generator early aborts what is still running."""
+        batch = self._is_batch(prompts)
+        items = list(prompts) if batch else [prompts]
+        plist = self._params_list(params, len(items), sampling)
+        for idx, event in self._batch_events(items, plist):
+            yield (idx if batch else None), event
 
     def _params_list(
         self,
@@ -341,12 +352,21 @@ class Engine:
         for idx, (ids, p) in enumerate(zip(encoded, plist)):
             handles.append(self.submit(ids, p, sink_for(idx)))
 
+    def _run_to_completion(
+        self, prompts: list[Prompt], plist: list[SamplingParams]
+    ) -> list[RequestOutput]:
+        outputs: list[RequestOutput | None] = [None] * len(prompts)
+        for idx, event in self._batch_events(prompts, plist):
+            if event.output is not None:
+                outputs[idx] = event.output
+        return [o for o in outputs if o is not None]
+
     def _stream(self, prompts: list[Prompt], plist: list[SamplingParams]) -> Iterator[tuple[int, str]]:
-        for idx, event in self._events(prompts, plist):
+        for idx, event in self._batch_events(prompts, plist):
             if event.text:
                 yield idx, event.text
 
-    def _events(
+    def _batch_events(
         self, prompts: list[Prompt], plist: list[SamplingParams]
     ) -> Iterator[tuple[int, StreamEvent]]:
         inbox: queue.SimpleQueue[tuple[int, StreamEvent]] = queue.SimpleQueue()

@@ -164,3 +164,19 @@ def test_cache_too_small_and_bad_sampling(default_model_dir: Path) -> None:
         run_cli("generate", "--model", str(default_model_dir), "--chat", "hi", "--top-p", "0"),
         "top_p",
     )
+
+
+def test_chat_second_turn_is_served_from_the_prefix_cache(default_model_dir: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "engine", "chat", "--model", str(default_model_dir),
+         "--temperature", "0", "--max-tokens", "24", "--dtype", "float32", "--stats"],
+        cwd=ROOT, input="Tell me about cats.\nAnd dogs?\n/exit\n",
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("> ") == 3  # two replies, then the prompt that read /exit
+    stats = json.loads(proc.stderr.strip().splitlines()[-1])
+    # Turn 2's prompt extends turn 1's ids as generated, so every full page of
+    # turn 1 (at least its 30-token prompt's first page) comes from the cache.
+    assert stats["prompt_tokens_reused"] >= 16
+    assert stats["prompt_tokens_reused"] % 16 == 0
