@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import threading
 from pathlib import Path
 
 import platformdirs
 
 from engine.errors import ModelLoadError
 from engine.gguf_import import import_gguf
+from engine.progress import LoadReporter, ProgressCallback
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
@@ -51,21 +53,33 @@ def default_gguf_path() -> Path:
     )
 
 
-def resolve_model(spec: str | Path) -> Path:
+def resolve_model(
+    spec: str | Path,
+    *,
+    on_progress: ProgressCallback | LoadReporter | None = None,
+    cancel: threading.Event | None = None,
+) -> Path:
     """The checkpoint folder for a model choice.
 
     "default" is the bundled model; a .gguf file is imported once into
     `models_dir()/<file stem>` (and again when the file changes); a folder is
-    returned as it is, for the loader to validate.
+    returned as it is, for the loader to validate. An import reports
+    "import" progress to `on_progress` and stops with LoadCancelled once
+    `cancel` is set.
     """
     if isinstance(spec, str) and spec == "default":
-        return import_gguf(default_gguf_path(), models_dir() / DEFAULT_MODEL_NAME)
+        return import_gguf(
+            default_gguf_path(), models_dir() / DEFAULT_MODEL_NAME,
+            on_progress=on_progress, cancel=cancel,
+        )
     path = Path(spec).expanduser()
     if path.is_dir():
         return path
     if path.is_file():
         if path.suffix.lower() == ".gguf":
-            return import_gguf(path, models_dir() / path.stem)
+            return import_gguf(
+                path, models_dir() / path.stem, on_progress=on_progress, cancel=cancel
+            )
         raise ModelLoadError(
             f"{path} is not a model Tandem can open. Choose a model folder "
             "(config.json, *.safetensors, tokenizer.json) or a .gguf file."

@@ -31,5 +31,13 @@ class RequestTooLargeError(PromptError):
     """A request could never fit in the model's context or the KV cache."""
 
 
+class KVCacheTooSmallError(RequestTooLargeError):
+    """A request fits the model's context but needs more KV-cache pages than the engine has."""
+
+
 class EngineClosedError(EngineError):
     """The engine was shut down; no more requests are accepted."""
+
+
+class LoadCancelled(EngineError):
+    """Loading a model (a GGUF import included) was cancelled by the caller."""

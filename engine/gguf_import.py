@@ -29,6 +29,7 @@ import re
 import secrets
 import shutil
 import struct
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from gguf.quants import dequantize
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from engine.errors import ModelLoadError, TokenizerError, UnsupportedModelError
+from engine.progress import LoadReporter, ProgressCallback, as_reporter, display_path, format_bytes
 
 # Bump whenever the folder written for the same GGUF file changes, so that
 # existing imports are redone.
@@ -53,14 +55,25 @@ _STALE_PARTIAL_SECONDS = 3600.0
 _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 
-def import_gguf(gguf_path: str | Path, dest: str | Path) -> Path:
+def import_gguf(
+    gguf_path: str | Path,
+    dest: str | Path,
+    *,
+    on_progress: ProgressCallback | LoadReporter | None = None,
+    cancel: threading.Event | None = None,
+) -> Path:
     """Import `gguf_path` into the folder `dest` and return `dest`.
 
     Returns at once when `dest` already holds an import of this very file
     (same name, size and mtime, same importer version). Raises ModelLoadError
     for a missing, truncated or non-GGUF file, UnsupportedModelError for an
     architecture, tensor type or tokenizer we cannot convert faithfully.
+
+    `on_progress` gets "import" LoadProgress reports (bytes of weights
+    written); setting `cancel` stops the import between two tensors with
+    LoadCancelled, leaving neither `dest` nor a partial folder behind.
     """
+    reporter = as_reporter(on_progress, cancel)
     source = Path(gguf_path)
     dest = Path(dest)
     try:
@@ -78,8 +91,15 @@ def import_gguf(gguf_path: str | Path, dest: str | Path) -> Path:
     if _is_current_import(dest, stamp):
         return dest
     _check_replaceable(dest)
+    reporter.check()
 
     checkpoint = _read_checkpoint(source)
+    total = sum(t.nbytes for t in checkpoint.tensors)
+    detail = (
+        f"Importing {source.name} ({format_bytes(stat.st_size)}) into "
+        f"{display_path(dest)} ({format_bytes(total)}); this happens once"
+    )
+    reporter.report("import", 0, total, detail)
     staging = dest.parent / f".{dest.name}{_PARTIAL_INFIX}{secrets.token_hex(6)}"
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -89,7 +109,11 @@ def import_gguf(gguf_path: str | Path, dest: str | Path) -> Path:
         _write_json(staging / "generation_config.json", checkpoint.generation_config)
         _write_file(staging / "tokenizer.json", checkpoint.tokenizer.to_str().encode())
         _write_json(staging / "tokenizer_config.json", checkpoint.tokenizer_config)
-        _write_safetensors(staging / "model.safetensors", checkpoint.tensors)
+        _write_safetensors(
+            staging / "model.safetensors",
+            checkpoint.tensors,
+            lambda done: reporter.report("import", done, total, detail),
+        )
         _write_json(staging / MARKER_NAME, stamp)
         _fsync_dir(staging)
         return _publish(staging, dest, stamp)
@@ -150,6 +174,11 @@ class _PlannedTensor:
     shape: tuple[int, ...]
     # Undo llama.cpp's RoPE row permutation over this many heads.
     rope_heads: int | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """Size once dequantized to float32, as the folder stores it."""
+        return 4 * int(np.prod(self.shape, dtype=np.int64))
 
     def load(self) -> np.ndarray:
         array = _dequantize(self.source).reshape(self.shape)
@@ -741,16 +770,19 @@ def _merges_from_scores(
 # Writing the folder
 
 
-def _write_safetensors(path: Path, tensors: list[_PlannedTensor]) -> None:
+def _write_safetensors(
+    path: Path, tensors: list[_PlannedTensor], written: Callable[[int], None] | None = None
+) -> None:
     """Stream the tensors into a safetensors file, dequantizing one at a time.
 
     The header needs only shapes, so it is written first and at most one
-    dequantized tensor is in memory at any time.
+    dequantized tensor is in memory at any time. `written(bytes_so_far)` is
+    called after each tensor (it may raise to stop the import).
     """
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for tensor in tensors:
-        size = 4 * int(np.prod(tensor.shape, dtype=np.int64))
+        size = tensor.nbytes
         header[tensor.hf_name] = {
             "dtype": "F32",
             "shape": list(tensor.shape),
@@ -762,9 +794,13 @@ def _write_safetensors(path: Path, tensors: list[_PlannedTensor]) -> None:
     with path.open("wb") as file:
         file.write(struct.pack("<Q", len(encoded)))
         file.write(encoded)
+        done = 0
         for tensor in tensors:
             array = np.ascontiguousarray(tensor.load(), dtype="<f4")
             file.write(memoryview(array).cast("B"))
+            done += array.nbytes
+            if written is not None:
+                written(done)
         file.flush()
         os.fsync(file.fileno())
 

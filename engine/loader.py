@@ -7,6 +7,7 @@ code when loaded, so a folder that has nothing else is refused.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from engine.config import ModelConfig
 from engine.errors import ModelLoadError, PickleCheckpointError
 from engine.linear import Linear
 from engine.model import LayerWeights, LlamaModel
+from engine.progress import LoadReporter, ProgressCallback, as_reporter
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -84,7 +86,10 @@ def _safetensors_files(folder: Path) -> list[Path]:
             "load them because unpickling can run arbitrary code; convert the model to "
             "safetensors or use a GGUF file"
         )
-    raise ModelLoadError(f"{folder} has no *.safetensors weights")
+    raise ModelLoadError(
+        f"{folder} has no weights: a model folder needs model.safetensors (or the "
+        "*.safetensors shards of model.safetensors.index.json) next to its config.json"
+    )
 
 
 def _iter_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
@@ -97,9 +102,30 @@ def _iter_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
             raise ModelLoadError(f"{path} is not a readable safetensors file: {exc}") from exc
 
 
+def _count_tensors(files: list[Path]) -> int:
+    """How many tensors the files hold (reads only their headers)."""
+    count = 0
+    for path in files:
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as handle:
+                count += len(handle.keys())
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise ModelLoadError(f"{path} is not a readable safetensors file: {exc}") from exc
+    return count
+
+
 def load_model(
-    folder: str | Path, device: str | torch.device = "auto", dtype: str | torch.dtype = "auto"
+    folder: str | Path,
+    device: str | torch.device = "auto",
+    dtype: str | torch.dtype = "auto",
+    *,
+    on_progress: ProgressCallback | LoadReporter | None = None,
+    cancel: threading.Event | None = None,
 ) -> LlamaModel:
+    """Load a checkpoint folder. "weights" progress counts tensors read and
+    then layers placed on the device; setting `cancel` stops between two of
+    those steps with LoadCancelled."""
+    reporter = as_reporter(on_progress, cancel)
     folder = Path(folder)
     if not folder.is_dir():
         raise ModelLoadError(f"Model folder not found: {folder}")
@@ -107,10 +133,20 @@ def load_model(
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
 
+    files = _safetensors_files(folder)
+    total = _count_tensors(files) + config.num_hidden_layers + 1
+    detail = (
+        f"Loading the weights of {folder.name} onto {dev.type} as "
+        f"{str(dt).removeprefix('torch.')}"
+    )
+    done = 0
+    reporter.report("weights", done, total, detail)
     tensors: dict[str, torch.Tensor] = {}
-    for name, tensor in _iter_tensors(_safetensors_files(folder)):
+    for name, tensor in _iter_tensors(files):
         if name.startswith("model.") or name == "lm_head.weight":
             tensors[name] = tensor
+        done += 1
+        reporter.report("weights", done, total, detail)
 
     def take(name: str, shape: tuple[int, ...]) -> torch.Tensor:
         try:
@@ -174,6 +210,8 @@ def load_model(
                 ),
             )
         )
+        done += 1
+        reporter.report("weights", done, total, detail)
     embed = take("model.embed_tokens.weight", (c.vocab_size, hidden))
     norm = take("model.norm.weight", (hidden,))
     if "lm_head.weight" in tensors and not c.tie_word_embeddings:
@@ -191,4 +229,6 @@ def load_model(
             + (" ..." if len(leftovers) > 5 else "")
             + " (is this really a Llama-family model?)"
         )
-    return LlamaModel(config, embed, layers, norm, Linear(lm_head))
+    model = LlamaModel(config, embed, layers, norm, Linear(lm_head))
+    reporter.report("weights", total, total, detail)
+    return model

@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from engine.cache import PagePool
-from engine.errors import RequestTooLargeError
+from engine.errors import KVCacheTooSmallError, RequestTooLargeError
 from engine.sequence import Sequence, SequenceStatus
 
 
@@ -77,7 +77,7 @@ class Scheduler:
         # The last generated token is never fed back, so it needs no KV slot.
         pages = self._pages_for(total - 1)
         if pages > self.pool.num_pages:
-            raise RequestTooLargeError(
+            raise KVCacheTooSmallError(
                 f"The request needs {pages} KV-cache pages ({total} tokens) but the "
                 f"cache has only {self.pool.num_pages}; give the engine more KV-cache "
                 "memory or shorten the request."

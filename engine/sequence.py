@@ -51,12 +51,22 @@ class RequestOutput:
 
 @dataclass(slots=True)
 class StreamEvent:
-    """Pushed from the engine thread to a request's sink after every step."""
+    """Pushed from the engine thread to a request's sink after every step.
+
+    Besides the delta it carries what a live per-request display shows, so a
+    consumer never has to recompute it from timestamps.
+    """
 
     request_id: int
     text: str  # new text since the previous event (may be "")
     token_ids: list[int]  # new generated ids since the previous event
     output: RequestOutput | None = None  # set on the request's last event
+    num_generated: int = 0  # generated tokens so far, this event's included
+    elapsed_s: float = 0.0  # seconds since the request arrived
+    ttft_s: float | None = None  # time to first token, once known
+    prompt_tokens: int = 0
+    # Prompt tokens served from the prefix cache (known once admitted, else 0).
+    cached_prompt_tokens: int = 0
 
 
 EventSink = Callable[[StreamEvent], None]

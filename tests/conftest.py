@@ -35,3 +35,79 @@ def default_model_dir() -> Iterator[Path]:
             os.environ.pop("TANDEM_DATA_DIR", None)
         else:
             os.environ["TANDEM_DATA_DIR"] = previous
+
+
+# A random-weight model of the default model's family and tokenizer: every
+# engine path runs on it, fast, where what the text says does not matter.
+TINY_MODEL_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": True,
+    "torch_dtype": "float32",
+}
+
+
+def write_tiny_model(source: Path, dest: Path, seed: int = 0) -> Path:
+    """A tiny random-weight Llama folder at `dest` using `source`'s tokenizer files."""
+    import json
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+
+    from engine.tokenizer import Tokenizer
+
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                 "chat_template.jinja", "chat_template.json", "generation_config.json"):
+        if (source / name).is_file():
+            shutil.copyfile(source / name, dest / name)
+    source_config = json.loads((source / "config.json").read_text(encoding="utf-8"))
+    vocab = Tokenizer.from_folder(source).vocab_size
+    config = dict(TINY_MODEL_CONFIG, vocab_size=vocab)
+    for key in ("bos_token_id", "eos_token_id"):
+        if key in source_config:
+            config[key] = source_config[key]
+    (dest / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+
+    generator = torch.Generator().manual_seed(seed)
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    head_dim = hidden // config["num_attention_heads"]
+    kv = config["num_key_value_heads"] * head_dim
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator) * 0.5
+
+    tensors = {
+        "model.embed_tokens.weight": rand(vocab, hidden),
+        "model.norm.weight": 1 + 0.1 * rand(hidden),
+    }
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        tensors |= {
+            p + "input_layernorm.weight": 1 + 0.1 * rand(hidden),
+            p + "post_attention_layernorm.weight": 1 + 0.1 * rand(hidden),
+            p + "self_attn.q_proj.weight": rand(hidden, hidden) / hidden**0.5,
+            p + "self_attn.k_proj.weight": rand(kv, hidden) / hidden**0.5,
+            p + "self_attn.v_proj.weight": rand(kv, hidden) / hidden**0.5,
+            p + "self_attn.o_proj.weight": rand(hidden, hidden) / hidden**0.5,
+            p + "mlp.gate_proj.weight": rand(inter, hidden) / hidden**0.5,
+            p + "mlp.up_proj.weight": rand(inter, hidden) / hidden**0.5,
+            p + "mlp.down_proj.weight": rand(hidden, inter) / inter**0.5,
+        }
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(dest / "model.safetensors"))
+    return dest
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random-weight 2-layer Llama folder with the default model's tokenizer and chat template."""
+    return write_tiny_model(default_model_dir, tmp_path_factory.mktemp("tiny-model"))

@@ -684,8 +684,8 @@ def test_failure_mid_import_leaves_nothing(
     dest = tmp_path / "models" / "tiny"
     real_write = gguf_import._write_safetensors
 
-    def write_then_fail(path: Path, tensors: list[Any]) -> None:
-        real_write(path, tensors)
+    def write_then_fail(path: Path, tensors: list[Any], *args: Any) -> None:
+        real_write(path, tensors, *args)
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(gguf_import, "_write_safetensors", write_then_fail)
