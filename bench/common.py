@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 
 import torch
@@ -32,5 +33,7 @@ def machine() -> dict[str, object]:
         "cpu": platform.processor() or platform.machine(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
+        "cores": os.cpu_count(),
+        "load_average_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
         "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
     }

@@ -1,6 +1,6 @@
 """Decode and prefill throughput of the engine vs Hugging Face transformers.
 
-    .venv/bin/python bench/throughput.py [--batch-sizes 1,4,16,32] [--new-tokens 64]
+    .venv/bin/python bench/throughput.py [--batch-sizes 1,4,16,32] [--new-tokens 64] [--deterministic]
 
 Greedy, short chat prompts, the default model. Prints one JSON object.
 """
@@ -34,6 +34,21 @@ def tandem_run(engine: Engine, batch: int, new_tokens: int) -> tuple[float, floa
     return decoded / (end - first), prompt_tokens / (first - start)
 
 
+def tandem_cpu_ms_per_token(engine: Engine, batch: int, new_tokens: int) -> float:
+    """CPU time of this process per decoded token (prefill subtracted by a
+    1-token run). Unlike wall time, it holds on a busy machine: the work the
+    engine does, not how long it waited for a core."""
+
+    def cpu(n: int) -> float:
+        engine.reset_prefix_cache()
+        params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+        start = time.process_time()
+        engine.generate_outputs(chat_prompts(batch), params)
+        return time.process_time() - start
+
+    return 1000 * (cpu(new_tokens + 1) - cpu(1)) / (batch * new_tokens)
+
+
 def transformers_run(model, tokenizer, batch: int, new_tokens: int) -> tuple[float, float]:
     texts = [
         tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False)
@@ -65,12 +80,25 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--repeats", type=int, default=2, help="best of N runs")
     parser.add_argument("--no-transformers", action="store_true")
+    parser.add_argument(
+        "--deterministic", action="store_true",
+        help="measure the engine's deterministic (batch-invariant) mode",
+    )
+    parser.add_argument("--threads", type=int, default=None, help="fix the CPU thread count")
+    parser.add_argument(
+        "--cpu-time", action="store_true",
+        help="also report CPU ms per decoded token (comparable on a busy machine with --threads 1)",
+    )
     args = parser.parse_args()
     sizes = [int(s) for s in args.batch_sizes.split(",")]
 
     result: dict = {"decode_tok_s": {}, "prefill_tok_s": {}, "new_tokens": args.new_tokens}
-    with Engine("default", device=args.device, dtype=args.dtype) as engine:
+    with Engine(
+        "default", device=args.device, dtype=args.dtype,
+        deterministic=args.deterministic, threads=args.threads,
+    ) as engine:
         result["tandem_dtype"] = str(engine.dtype).removeprefix("torch.")
+        result["deterministic"] = engine.deterministic
         result["device"] = engine.device.type
         folder = engine.model_path
         tandem_run(engine, 2, 8)  # warm-up
@@ -81,6 +109,12 @@ def main() -> None:
             prefill[str(b)] = round(max(r[1] for r in runs), 1)
         result["decode_tok_s"]["tandem"] = decode
         result["prefill_tok_s"]["tandem"] = prefill
+        if args.cpu_time:
+            result["decode_cpu_ms_per_token"] = {
+                str(b): round(min(tandem_cpu_ms_per_token(engine, b, args.new_tokens)
+                                  for _ in range(args.repeats)), 2)
+                for b in sizes
+            }
 
     if not args.no_transformers:
         from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -9,6 +9,23 @@ transposing copies (the layout vLLM's paged kernels use for the same reason).
 A step's tokens are laid out decode tokens first (one per running sequence),
 then the prefill chunks of other sequences, each contiguous. The runner
 builds every index once per step; all layers share them.
+
+Batch-invariant mode (`AttentionMetadata.batch_invariant`, the engine's
+deterministic mode) takes one path for every query, decode or prefill: the
+queries of a KV head are laid out as rows (token, group member), cut into
+tiles of QUERY_TILE rows (zero-padded), and each tile does
+    scores = tile @ keys^T; scores *= scale; scores += bias; softmax
+    out = sum over key blocks j, in order, of probs[:, block j] @ values[block j]
+against its sequence's keys read back from the pages, padded to whole
+KEY_BLOCKs, the ones a row may not see masked with -inf. Every product has a
+fixed shape, so the kernel and its reduction order never depend on the batch
+(measured with the CPU's bmm: 1, 2-3 and 4+ rows give other bits, and so does
+a reduction over 272 keys against the same one padded to 512). A masked key
+gets a weight of exactly zero, so a row's extra blocks add exact zeros. The
+score products reduce over head_dim only, and softmax reduces a row in one
+thread in one vectorized order, so neither depends on the padding (both
+checked through the whole model by tests/engine/test_deterministic.py). A
+prefill token, a decode token and a recomputed token attend identically.
 """
 
 from __future__ import annotations
@@ -17,6 +34,18 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from engine.kernel_attention import KernelAttentionMetadata, kernel_paged_attention
+
+
+# Query rows per attention product in batch-invariant mode: a decode's GQA
+# group (3 for SmolLM2) padded to 16, a prefill chunk's rows in 16s.
+QUERY_TILE = 16
+# Keys per block of the probs @ values reduction in batch-invariant mode.
+KEY_BLOCK = 128
+# Bound on the keys copied per batched product when a long prefill chunk's
+# tiles share their sequence's keys (elements: 32 MiB of fp32).
+_TILE_KEY_ELEMENTS = 8 << 20
 
 
 @dataclass(slots=True)
@@ -32,6 +61,10 @@ class PrefillChunk:
     # [num_tokens, num_keys] True where attention is allowed, or None when the
     # plain causal mask applies.
     mask: torch.Tensor | None
+    # Batch-invariant mode only: [tiles * QUERY_TILE, keys padded to whole
+    # KEY_BLOCKs], 0 where the query row (token, group member) may see the
+    # key, else -inf; key_rows then always holds the chunk's whole pages.
+    tile_bias: torch.Tensor | None = None
 
 
 @dataclass(slots=True)
@@ -45,8 +78,11 @@ class AttentionMetadata:
     decode_rows: torch.Tensor | None
     # [num_decode * kv_heads, group, max_pages * page_size]: 0 where a key
     # exists, -inf for padding; added to the scores by the same matmul.
+    # In batch-invariant mode: QUERY_TILE rows instead of group (padding rows
+    # see every key; their results are dropped), keys padded to whole KEY_BLOCKs.
     decode_bias: torch.Tensor | None
     prefills: list[PrefillChunk]
+    batch_invariant: bool = False
 
 
 class KVCache:
@@ -81,12 +117,18 @@ def paged_attention(
     scale: float,
 ) -> torch.Tensor:
     """q: [T, Hq, D]; k, v: [T, Hkv, D] for this step's tokens. Returns [T, Hq*D]."""
+    if isinstance(meta, KernelAttentionMetadata):
+        # CUDA with triton: kernels read K/V through the page tables in place
+        # (engine/kernel_attention.py, built by engine/kernel_runner.py).
+        return kernel_paged_attention(layer, q, k, v, cache, meta, scale)
     num_tokens, num_heads, head_dim = q.shape
     k_layer = cache.k[layer]
     v_layer = cache.v[layer]
     k_layer.view(-1, head_dim).index_copy_(0, meta.write_index, k.reshape(-1, head_dim))
     v_layer.view(-1, head_dim).index_copy_(0, meta.write_index, v.reshape(-1, head_dim))
 
+    if meta.batch_invariant:
+        return _batch_invariant_attention(q, k.shape[1], k_layer, v_layer, meta, scale)
     # The common steps hold only decodes, or one prefill: no output buffer to fill.
     if meta.num_decode == num_tokens:
         return _decode_attention(q, k_layer, v_layer, meta, scale)
@@ -152,3 +194,103 @@ def _prefill_attention(
         enable_gqa=True,
     )  # [1, Hq, T, D]
     return attn.squeeze(0).transpose(0, 1).reshape(num_tokens, num_heads * head_dim)
+
+
+def _batch_invariant_attention(
+    q: torch.Tensor,
+    num_kv: int,
+    k_layer: torch.Tensor,
+    v_layer: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    num_tokens, num_heads, head_dim = q.shape
+    out = torch.empty((num_tokens, num_heads * head_dim), dtype=q.dtype, device=q.device)
+    if meta.num_decode:
+        assert meta.decode_rows is not None and meta.decode_bias is not None
+        batch_heads, tile, max_keys = meta.decode_bias.shape
+        group = num_heads // num_kv
+        keys = _padded_keys(k_layer, meta.decode_rows, batch_heads, max_keys)
+        values = _padded_keys(v_layer, meta.decode_rows, batch_heads, max_keys)
+        queries = q[: meta.num_decode].reshape(batch_heads, group, head_dim)
+        queries = F.pad(queries, (0, 0, 0, tile - group))
+        attn = _tile_attention(queries, keys, values, meta.decode_bias, scale)
+        out[: meta.num_decode] = attn[:, :group].reshape(meta.num_decode, num_heads * head_dim)
+    for chunk in meta.prefills:
+        rows = slice(chunk.token_start, chunk.token_start + chunk.num_tokens)
+        out[rows] = _tiled_prefill_attention(q[rows], num_kv, k_layer, v_layer, chunk, scale)
+    return out
+
+
+def _tiled_prefill_attention(
+    q: torch.Tensor,
+    num_kv: int,
+    k_layer: torch.Tensor,
+    v_layer: torch.Tensor,
+    chunk: PrefillChunk,
+    scale: float,
+) -> torch.Tensor:
+    assert chunk.key_rows is not None and chunk.tile_bias is not None
+    num_tokens, num_heads, head_dim = q.shape
+    padded_rows, num_keys = chunk.tile_bias.shape
+    group = num_heads // num_kv
+    keys = _padded_keys(k_layer, chunk.key_rows, num_kv, num_keys)
+    values = _padded_keys(v_layer, chunk.key_rows, num_kv, num_keys)
+    # [kv, token * group, D]: row (token, g) of head kv is query head kv * group + g.
+    rows = q.view(num_tokens, num_kv, group, head_dim).transpose(0, 1)
+    rows = rows.reshape(num_kv, num_tokens * group, head_dim)
+    rows = F.pad(rows, (0, 0, 0, padded_rows - num_tokens * group))
+    tiles = padded_rows // QUERY_TILE
+    rows = rows.view(num_kv, tiles, QUERY_TILE, head_dim)
+    bias = chunk.tile_bias.view(tiles, QUERY_TILE, num_keys)
+    out = torch.empty_like(rows)
+    # The tiles of a chunk share its sequence's keys, which a batched product
+    # over (head, tile) needs repeated per tile: take as many tiles at a time
+    # as the copy budget allows.
+    step = max(1, _TILE_KEY_ELEMENTS // (num_kv * num_keys * head_dim))
+    for first in range(0, tiles, step):
+        n = min(step, tiles - first)
+        shape = (num_kv, n, num_keys, head_dim)
+        out[:, first : first + n] = _tile_attention(
+            rows[:, first : first + n].reshape(num_kv * n, QUERY_TILE, head_dim),
+            keys.unsqueeze(1).expand(shape).reshape(num_kv * n, num_keys, head_dim),
+            values.unsqueeze(1).expand(shape).reshape(num_kv * n, num_keys, head_dim),
+            bias[first : first + n]
+            .unsqueeze(0)
+            .expand(num_kv, n, QUERY_TILE, num_keys)
+            .reshape(num_kv * n, QUERY_TILE, num_keys),
+            scale,
+        ).view(num_kv, n, QUERY_TILE, head_dim)
+    out = out.view(num_kv, padded_rows, head_dim)[:, : num_tokens * group]
+    out = out.reshape(num_kv, num_tokens, group, head_dim).transpose(0, 1)
+    return out.reshape(num_tokens, num_heads * head_dim)
+
+
+def _tile_attention(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    bias: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """[N, QUERY_TILE, D] queries against [N, keys, D]: the one sequence of
+    ops every query goes through in batch-invariant mode."""
+    scores = torch.bmm(queries, keys.transpose(1, 2))
+    scores.mul_(scale).add_(bias)
+    probs = torch.softmax(scores, dim=-1)
+    # Contiguous blocks: the same shape and the same strides in every call.
+    out = torch.bmm(probs[:, :, :KEY_BLOCK].contiguous(), values[:, :KEY_BLOCK])
+    for start in range(KEY_BLOCK, keys.shape[1], KEY_BLOCK):
+        block = slice(start, start + KEY_BLOCK)
+        out += torch.bmm(probs[:, :, block].contiguous(), values[:, block])
+    return out
+
+
+def _padded_keys(
+    layer: torch.Tensor, rows: torch.Tensor, batch: int, num_keys: int
+) -> torch.Tensor:
+    """[batch, num_keys, D] gathered from the page rows, zero-padded at the
+    end up to num_keys (a whole number of KEY_BLOCKs)."""
+    head_dim = layer.shape[-1]
+    gathered = layer.index_select(0, rows).view(batch, -1, head_dim)
+    return F.pad(gathered, (0, 0, 0, num_keys - gathered.shape[1]))

@@ -6,6 +6,17 @@ on a 2-core AVX512-BF16 Xeon for SmolLM2-135M shapes, that is the difference
 between bf16 being slower and faster than fp32. The op is private to
 PyTorch, so it is verified once against `F.linear` and dropped if anything
 about it differs.
+
+Batch invariance (`Linear.tiled`): a GEMM library picks its kernel, blocking
+and thread split from the product's shape, so one row's result can change
+with the number of rows beside it (measured with oneDNN on an AVX2 CPU: a
+1-row product, served by a GEMV kernel, differs in the last bits from the
+same row inside any larger product; bmm differs between 1, 2-3 and 4+ rows).
+Running every product on tiles of one fixed row count gives every call the
+same shape, hence the same kernel and the same reduction order for each row,
+whatever the batch: the approach of the published batch-invariant kernels
+(Thinking Machines, "Defeating Nondeterminism in LLM Inference", 2025), done
+here by fixing the shape from outside instead of writing the kernel.
 """
 
 from __future__ import annotations
@@ -37,6 +48,21 @@ class Linear:
         if self._packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
+
+    def tiled(self, x: torch.Tensor, rows: int) -> torch.Tensor:
+        """The same product, computed on tiles of exactly `rows` rows (the
+        last one zero-padded): each row's result is then the same whatever
+        the batch it arrives in. x: [M, weight.shape[1]]."""
+        count = x.shape[0]
+        padded = -(-count // rows) * rows
+        if padded != count:
+            x = torch.cat((x, x.new_zeros(padded - count, x.shape[1])))
+        if padded == rows:
+            return self(x)[:count]
+        out = x.new_empty(padded, self.out_features)
+        for start in range(0, padded, rows):
+            out[start : start + rows] = self(x[start : start + rows])
+        return out[:count]
 
 
 def _cpu_packing_available(dtype: torch.dtype) -> bool:

@@ -5,6 +5,14 @@ into one matrix each at load time, so a layer is four matmuls. Every token of
 the step carries its own position; attention goes through the paged KV cache
 (see engine.attention), so one forward serves any mix of sequences, prefill
 chunks and decodes.
+
+With `batch_invariant` set (the engine's deterministic mode) every weight
+product runs on fixed row tiles (engine.linear) and attention takes its
+batch-invariant path (engine.attention), so a token's hidden state does not
+depend on what else the step holds. Everything else here already computes
+each row on its own: embedding, RoPE and the elementwise ops trivially, and
+RMSNorm reduces one row serially (a row of hidden_size is far below the size
+at which ATen splits a reduction over threads).
 """
 
 from __future__ import annotations
@@ -17,6 +25,11 @@ import torch.nn.functional as F
 from engine.attention import AttentionMetadata, KVCache, paged_attention
 from engine.config import ModelConfig, rope_inverse_frequencies
 from engine.linear import Linear
+
+# Rows per weight-product tile in batch-invariant mode. 16 covers a typical
+# decode batch in one tile (so B=16 pays nothing); a single sequence pays for
+# 16 rows (see docs/benchmarks.md for the measured cost).
+ROW_TILE = 16
 
 
 @dataclass(slots=True)
@@ -61,6 +74,12 @@ class LlamaModel:
         self._inv_freq = inv_freq.to(self.device)
         self._rope_cache_len = 0
         self._cos = self._sin = torch.empty(0)
+        self.batch_invariant = False
+
+    def _product(self, linear: Linear, x: torch.Tensor) -> torch.Tensor:
+        if self.batch_invariant:
+            return linear.tiled(x, ROW_TILE)
+        return linear(x)
 
     def new_kv_cache(self, num_pages: int, page_size: int) -> KVCache:
         c = self.config
@@ -110,24 +129,24 @@ class LlamaModel:
         x = F.embedding(input_ids, self.embed).to(act)
         for index, layer in enumerate(self.layers):
             h = F.rms_norm(x, norm_shape, layer.input_norm, eps)
-            qkv = layer.qkv(h.to(weight)).to(act)
+            qkv = self._product(layer.qkv, h.to(weight)).to(act)
             qk, v = qkv.split((self._q_size + self._kv_size, self._kv_size), dim=-1)
             # q and k heads rotate together: one set of elementwise ops, not two.
             qk = _rotate(qk.view(num_tokens, -1, c.head_dim), cos, sin, half)
             q, k = qk.split((c.num_attention_heads, c.num_key_value_heads), dim=1)
             v = v.view(num_tokens, c.num_key_value_heads, c.head_dim)
             attn = paged_attention(index, q, k, v, cache, meta, self.scale)
-            x = x + layer.o(attn.to(weight))
+            x = x + self._product(layer.o, attn.to(weight))
             h = F.rms_norm(x, norm_shape, layer.post_norm, eps)
-            gate_up = layer.gate_up(h.to(weight))
+            gate_up = self._product(layer.gate_up, h.to(weight))
             gate, up = gate_up.chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
+            x = x + self._product(layer.down, F.silu(gate) * up)
         return F.rms_norm(x, norm_shape, self.norm, eps)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> float32 logits [N, vocab]."""
-        return self.lm_head(hidden.to(self.dtype)).float()
+        return self._product(self.lm_head, hidden.to(self.dtype)).float()
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int) -> torch.Tensor:

@@ -1,18 +1,42 @@
-"""Turns a scheduled step into tensors, runs the model once, samples."""
+"""Turns a scheduled step into tensors, runs the model once, samples.
+
+`deterministic=True` runs the model batch-invariantly (fixed row tiles for
+every product, one attention path for every query: engine.linear,
+engine.attention): a request's tokens then do not depend on the batch it
+shares, on how its prompt was chunked, or on which of its pages came from
+the prefix cache.
+"""
 
 from __future__ import annotations
 
+import time
+
 import torch
 
-from engine.attention import AttentionMetadata, KVCache, PrefillChunk
+from engine.attention import KEY_BLOCK, QUERY_TILE, AttentionMetadata, KVCache, PrefillChunk
+from engine.cpu_threads import ThreadPolicy
 from engine.model import LlamaModel
 from engine.sampling import sample
 from engine.scheduler import ScheduledChunk, ScheduleResult
 
+# What Engine(deterministic=None) means. Off: batch invariance costs more than
+# the 10% the project allows for a default (docs/benchmarks.md).
+DETERMINISTIC_DEFAULT = False
+
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, cache: KVCache) -> None:
+    def __init__(
+        self,
+        model: LlamaModel,
+        cache: KVCache,
+        *,
+        deterministic: bool = False,
+        threads: ThreadPolicy | None = None,
+    ) -> None:
         self.model = model
+        self.threads = threads
+        self.deterministic = deterministic
+        model.batch_invariant = deterministic
         self.cache = cache
         self.page_size = cache.page_size
         self.device = model.device
@@ -25,6 +49,16 @@ class ModelRunner:
     def execute(self, step: ScheduleResult) -> list[int]:
         """Run one forward; return one sampled token per sampling chunk, in
         the order of `[c for c in step.chunks if c.samples]`."""
+        if self.threads is None:
+            return self._execute(step)
+        num_tokens = sum(c.num_tokens for c in step.chunks)
+        self.threads.before_step(num_tokens)
+        started = time.perf_counter()
+        tokens = self._execute(step)
+        self.threads.after_step(num_tokens, time.perf_counter() - started)
+        return tokens
+
+    def _execute(self, step: ScheduleResult) -> list[int]:
         hidden, sample_rows, samplers = self.forward(step)
         if not sample_rows:
             return []
@@ -62,6 +96,7 @@ class ModelRunner:
             decode_rows=None,
             decode_bias=None,
             prefills=[],
+            batch_invariant=self.deterministic,
         )
         if step.decodes:
             meta.decode_rows, meta.decode_bias = self._decode_keys(step.decodes)
@@ -93,7 +128,10 @@ class ModelRunner:
             used = chunk.seq.pages[: -(-length // ps)]
             table.append(used + [0] * (max_pages - len(used)))
         rows = self._page_rows(torch.tensor(table, dtype=torch.long, device=self.device))
-        key_pos = torch.arange(max_pages * ps, device=self.device)
+        num_keys = max_pages * ps
+        if self.deterministic:
+            num_keys = _whole_blocks(num_keys)
+        key_pos = torch.arange(num_keys, device=self.device)
         lens = torch.tensor(lengths, device=self.device)[:, None]
         allowed = key_pos < lens
         if self.window is not None:
@@ -101,12 +139,16 @@ class ModelRunner:
         bias = torch.zeros(allowed.shape, dtype=self.act_dtype, device=self.device)
         bias.masked_fill_(~allowed, float("-inf"))
         batch, num_keys = bias.shape
-        bias = bias[:, None, None, :].expand(batch, self.num_kv, self.group, num_keys)
-        return rows.reshape(-1), bias.reshape(batch * self.num_kv, self.group, num_keys)
+        # Batch-invariant attention pads each group of queries to a full tile.
+        query_rows = QUERY_TILE if self.deterministic else self.group
+        bias = bias[:, None, None, :].expand(batch, self.num_kv, query_rows, num_keys)
+        return rows.reshape(-1), bias.reshape(batch * self.num_kv, query_rows, num_keys)
 
     def _prefill_chunk(self, chunk: ScheduledChunk, token_start: int) -> PrefillChunk:
         start, num = chunk.start, chunk.num_tokens
         num_keys = start + num
+        if self.deterministic:
+            return self._tiled_prefill_chunk(chunk, token_start)
         if start == 0 and self.window is None:
             return PrefillChunk(token_start, num, num_keys, key_rows=None, mask=None)
         key_rows = None
@@ -120,3 +162,28 @@ class ModelRunner:
         if self.window is not None:
             mask &= key_pos > query_pos - self.window
         return PrefillChunk(token_start, num, num_keys, key_rows=key_rows, mask=mask)
+
+    def _tiled_prefill_chunk(self, chunk: ScheduledChunk, token_start: int) -> PrefillChunk:
+        """A prefill chunk for batch-invariant attention: all of its pages, and
+        a mask over rows (token, group member) padded to whole tiles."""
+        start, num = chunk.start, chunk.num_tokens
+        num_keys = start + num
+        pages = chunk.seq.pages[: -(-num_keys // self.page_size)]
+        table = torch.tensor(pages, dtype=torch.long, device=self.device)
+        key_rows = self._page_rows(table).reshape(-1)
+        rows = num * self.group
+        padded = -(-rows // QUERY_TILE) * QUERY_TILE
+        query_pos = start + torch.arange(rows, device=self.device)[:, None] // self.group
+        key_pos = torch.arange(_whole_blocks(num_keys), device=self.device)[None, :]
+        allowed = key_pos <= query_pos
+        if self.window is not None:
+            allowed &= key_pos > query_pos - self.window
+        bias = torch.zeros((padded, key_pos.shape[1]), dtype=self.act_dtype, device=self.device)
+        bias[:rows].masked_fill_(~allowed, float("-inf"))
+        return PrefillChunk(
+            token_start, num, num_keys, key_rows=key_rows, mask=None, tile_bias=bias
+        )
+
+
+def _whole_blocks(num_keys: int) -> int:
+    return -(-num_keys // KEY_BLOCK) * KEY_BLOCK

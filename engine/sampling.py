@@ -57,40 +57,54 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
+        # Each message names the field (a program sets it) and says what it does
+        # and what it accepts (a person reads it).
         _require(
             _is_int(self.max_tokens) and self.max_tokens >= 1,
-            "max_tokens", "an integer >= 1", self.max_tokens,
+            "max_tokens", "the reply length limit", "at least 1 (a whole number)", self.max_tokens,
         )
         _require(
             _is_number(self.temperature) and math.isfinite(self.temperature)
             and self.temperature >= 0,
-            "temperature", "a finite number >= 0 (0 means greedy)", self.temperature,
+            "temperature", "the sampling randomness",
+            "at least 0 and finite (0 always picks the most likely token)",
+            self.temperature,
         )
         _require(
             _is_int(self.top_k) and self.top_k >= 0,
-            "top_k", "an integer >= 0 (0 means off)", self.top_k,
+            "top_k", "how many of the most likely tokens to sample from",
+            "at least 0 (a whole number; 0 turns it off)", self.top_k,
         )
         _require(
             _is_number(self.top_p) and 0 < self.top_p <= 1,
-            "top_p", "a number in (0, 1] (1 means off)", self.top_p,
+            "top_p", "the probability mass of the most likely tokens to sample from",
+            "above 0 and at most 1 (1 turns it off)", self.top_p,
         )
         _require(
             _is_number(self.min_p) and 0 <= self.min_p < 1,
-            "min_p", "a number in [0, 1) (0 means off)", self.min_p,
+            "min_p", "the least probability kept, as a fraction of the top token's",
+            "at least 0 and below 1 (0 turns it off)", self.min_p,
         )
         _require(
             _is_number(self.repetition_penalty) and math.isfinite(self.repetition_penalty)
             and self.repetition_penalty > 0,
-            "repetition_penalty", "a finite number > 0 (1 means off)", self.repetition_penalty,
+            "repetition_penalty", "how strongly repeated tokens are discouraged",
+            "above 0 and finite (1 turns it off)", self.repetition_penalty,
         )
         _require(
             self.seed is None or _is_int(self.seed),
-            "seed", "an integer or None", self.seed,
+            "seed", "the random seed", "a whole number, or None for a random one",
+            self.seed,
         )
         _require(
-            isinstance(self.stop, tuple)
-            and all(isinstance(s, str) and s for s in self.stop),
-            "stop", "a tuple of non-empty strings", self.stop,
+            isinstance(self.stop, tuple) and all(isinstance(s, str) for s in self.stop),
+            "stop", "texts that end the reply", "a tuple of strings, e.g. (\"\\n\\n\",)",
+            self.stop,
+        )
+        _require(
+            all(self.stop),
+            "stop", "texts that end the reply",
+            "free of empty strings (an empty one would end every reply at once)", self.stop,
         )
 
     @property
@@ -107,9 +121,9 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _require(ok: bool, field: str, allowed: str, value: object) -> None:
+def _require(ok: bool, field: str, meaning: str, allowed: str, value: object) -> None:
     if not ok:
-        raise InvalidSamplingParams(f"{field} must be {allowed}, got {value!r}")
+        raise InvalidSamplingParams(f"{field} ({meaning}) must be {allowed}, got {value!r}")
 
 
 class RequestSampler:
@@ -318,7 +332,10 @@ def _top_k_top_p_floor(
     weights = (logits - max_logit).exp_()
     if top_k is not None:
         weights.mul_(logits >= floor)
-    log_norm = weights.sum(dim=1, keepdim=True).log_().add_(max_logit)
+    # A scan sums each row in one fixed order: sum() would split a lone row over
+    # threads (ATen does for a single output), so a request sampled alone and
+    # in a batch could see top-p boundaries that differ in the last bit.
+    log_norm = weights.cumsum_(dim=1)[:, -1:].log_().add_(max_logit)
     threshold, covered = _top_p_threshold(candidates, log_norm, top_p)
     if num_candidates < logits.shape[1] and not covered.all():
         flat = (~covered).nonzero().squeeze(1)

@@ -1,0 +1,117 @@
+"""The CPU thread policy: the adaptive default follows the machine's load,
+explicit counts and deterministic mode stay fixed, bad counts are refused.
+
+Step times come from a simulated machine, so these tests check decisions,
+never real timings."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from engine.cpu_threads import (
+    AdaptiveThreads,
+    InvalidThreadCount,
+    ThreadPolicy,
+    thread_policy,
+)
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def keep_torch_threads() -> Iterator[None]:
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+class Machine:
+    """Seconds a step takes with n threads: quiet, all threads help; beside a
+    busy process, the last thread stalls every op."""
+
+    def __init__(self) -> None:
+        self.busy = False
+
+    def step_seconds(self, threads: int, tokens: int) -> float:
+        base = 0.010 * tokens**0.5
+        if self.busy:
+            return base * (6.0 if threads == 2 else 1.8)
+        return base * (1.0 if threads == 2 else 1.7)
+
+
+def run(policy: ThreadPolicy, machine: Machine, steps: int, tokens: int = 1) -> list[int]:
+    """Threads used by each of `steps` steps of `tokens` tokens."""
+    used = []
+    for _ in range(steps):
+        policy.before_step(tokens)
+        used.append(torch.get_num_threads())
+        policy.after_step(tokens, machine.step_seconds(torch.get_num_threads(), tokens))
+    return used
+
+
+def test_quiet_machine_keeps_every_core_and_rarely_checks() -> None:
+    policy = AdaptiveThreads(2)
+    used = run(policy, Machine(), 2000)
+    assert used[0] == 2
+    # The periodic check backs off: a handful of one-thread steps in 2000.
+    assert 0 < used.count(1) <= 15
+    assert used[-50:] == [2] * 50
+
+
+def test_busy_process_moves_to_one_thread_fewer_and_back() -> None:
+    machine = Machine()
+    policy = AdaptiveThreads(2)
+    run(policy, machine, 1000)  # long quiet stretch: checks have backed off
+    machine.busy = True
+    used = run(policy, machine, 20)
+    # A slowdown triggers a check at once instead of waiting for the next one.
+    assert used.index(1) <= 4
+    # From then on one thread fewer, bar an occasional check of all cores.
+    assert used[used.index(1) :].count(2) <= 2
+    machine.busy = False
+    used = run(policy, machine, 300)
+    assert used[-20:] == [2] * 20
+
+
+def test_each_step_size_learns_on_its_own() -> None:
+    machine = Machine()
+    policy = AdaptiveThreads(2)
+    run(policy, machine, 50, tokens=16)
+    machine.busy = True
+    run(policy, machine, 30, tokens=1)
+    # The 16-token steps have not been measured under load yet: still all cores.
+    policy.before_step(16)
+    assert torch.get_num_threads() == 2
+    policy.before_step(1)
+    assert torch.get_num_threads() == 1
+
+
+def test_single_core_has_nothing_to_choose() -> None:
+    policy = AdaptiveThreads(1)
+    machine = Machine()
+    machine.busy = True
+    assert set(run(policy, machine, 100)) == {1}
+
+
+def test_explicit_count_is_fixed() -> None:
+    policy = thread_policy(CPU, 1, deterministic=False)
+    assert not isinstance(policy, AdaptiveThreads)
+    machine = Machine()
+    assert set(run(policy, machine, 50)) == {1}
+
+
+def test_default_adapts_on_cpu_but_not_in_deterministic_mode_or_on_gpu() -> None:
+    assert isinstance(thread_policy(CPU, None, deterministic=False), AdaptiveThreads)
+    fixed = thread_policy(CPU, None, deterministic=True)
+    assert not isinstance(fixed, AdaptiveThreads)
+    assert torch.get_num_threads() == fixed.threads
+    assert not isinstance(thread_policy(torch.device("cuda"), None, deterministic=False), AdaptiveThreads)
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True, "2"])
+def test_bad_thread_count_is_refused_with_a_clear_message(bad: object) -> None:
+    with pytest.raises(InvalidThreadCount, match="threads .* at least 1"):
+        thread_policy(CPU, bad, deterministic=False)  # type: ignore[arg-type]
