@@ -53,7 +53,10 @@ class ModelConfig:
     def from_folder(cls, folder: str | Path) -> ModelConfig:
         path = Path(folder) / "config.json"
         if not path.is_file():
-            raise ModelLoadError(f"{folder} is not a model folder: it has no config.json")
+            raise ModelLoadError(
+                f"{folder} is not a model folder: it has no config.json. Choose a Hugging Face "
+                "model folder (config.json, *.safetensors, tokenizer.json) or a .gguf file."
+            )
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -69,8 +72,9 @@ class ModelConfig:
             archs = raw.get("architectures") or []
             named = model_type or (archs[0] if archs else "unknown")
             raise UnsupportedModelError(
-                f"Unsupported model architecture '{named}' in {source}; "
-                f"Tandem runs {', '.join(SUPPORTED_MODEL_TYPES)} models"
+                f"Unsupported architecture '{named}' in {source}: Tandem runs Llama-family "
+                f"models (model_type {', '.join(SUPPORTED_MODEL_TYPES[:-1])} or "
+                f"{SUPPORTED_MODEL_TYPES[-1]})"
             )
         try:
             hidden = int(raw["hidden_size"])

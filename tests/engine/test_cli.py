@@ -1,19 +1,27 @@
-"""`python -m engine generate` as other tools call it: greedy output equal to
-Hugging Face transformers token for token, the JSON contract, clear errors."""
+"""`python -m engine` as other tools call it (greedy output equal to Hugging
+Face transformers token for token, the JSON contract, clear errors) and as a
+new user meets it (help, version, first-start import, messages in flags)."""
 
 from __future__ import annotations
 
+import argparse
+import io
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 import torch
 
+from engine import __main__ as cli
 from engine.default_model import default_gguf_path
+from engine.progress import LoadProgress
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -155,15 +163,10 @@ def test_cuda_without_gpu(default_model_dir: Path) -> None:
     )
 
 
-def test_cache_too_small_and_bad_sampling(default_model_dir: Path) -> None:
-    _assert_clean_error(
-        run_cli("generate", "--model", str(default_model_dir), "--chat", "hi", "--kv-pages", "2"),
-        "KV-cache pages",
-    )
-    _assert_clean_error(
-        run_cli("generate", "--model", str(default_model_dir), "--chat", "hi", "--top-p", "0"),
-        "top_p",
-    )
+def test_a_kv_cache_too_small_names_the_flag(default_model_dir: Path) -> None:
+    proc = run_cli("generate", "--model", str(default_model_dir), "--chat", "hi", "--kv-pages", "2")
+    _assert_clean_error(proc, "KV-cache pages")
+    assert "--kv-pages 2 holds 32 tokens" in proc.stderr  # 2 pages of the default 16 tokens
 
 
 def test_chat_second_turn_is_served_from_the_prefix_cache(default_model_dir: Path) -> None:
@@ -180,3 +183,245 @@ def test_chat_second_turn_is_served_from_the_prefix_cache(default_model_dir: Pat
     # turn 1 (at least its 30-token prompt's first page) comes from the cache.
     assert stats["prompt_tokens_reused"] >= 16
     assert stats["prompt_tokens_reused"] % 16 == 0
+
+
+# --- what a new user meets --------------------------------------------------------------------
+
+
+def _help(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *argv: str) -> str:
+    # As `python -m engine` runs it: argv[0] is the path of engine/__main__.py.
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "engine" / "__main__.py"), *argv])
+    with pytest.raises(SystemExit) as exited:
+        cli.main([*argv, "--help"])
+    assert exited.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_version() -> None:
+    proc = run_cli("--version")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"python -m engine (tandem {version('tandem')})"
+
+
+def test_top_level_help_names_the_command_and_gives_examples(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = _help(capsys, monkeypatch)
+    assert text.startswith("usage: python -m engine [-h] [--version] COMMAND")
+    assert "generate" in text and "chat" in text
+    assert "examples:\n  python -m engine chat\n" in text
+    assert "python -m engine generate --chat" in text
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_every_option_is_described_with_its_default(command: str) -> None:
+    sub = next(
+        a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction)
+    )
+    parser = sub.choices[command]
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        flag = action.option_strings[0]
+        assert action.help, f"{flag} has no description"
+        if action.default not in (None, False, []):
+            assert "%(default)s" in action.help, f"{flag} does not show its default"
+        elif action.nargs != 0 and action.dest not in ("inputs", "stop", "system"):
+            # An option without a fixed default says what happens when it is left out.
+            assert "default:" in action.help, f"{flag} does not say what it defaults to"
+        if action.nargs != 0 and not action.choices:
+            assert action.metavar in ("TEXT", "PATH", "N", "T", "K", "P", "X"), flag
+
+
+def test_generate_help_shows_defaults_metavars_and_examples(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = " ".join(_help(capsys, monkeypatch, "generate").split())
+    assert text.startswith("usage: python -m engine generate")
+    assert "--chat TEXT" in text and "--prompt TEXT" in text and "INPUTS" not in text
+    assert "--max-tokens N most tokens a reply may have (default: 512)" in text
+    assert "(greedy) (default: 0.7)" in text
+    assert "--threads N a fixed number of CPU threads for the model's math (default: the engine's CPU thread policy" in text
+    assert "--deterministic, --no-deterministic reproducible replies" in text
+    assert "--model PATH" in text
+    assert "examples: python -m engine generate --chat" in text
+    assert "token_ids include the end-of-turn token that stopped the reply" in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--max-tokens", "0"], "argument --max-tokens: must be at least 1, got 0"),
+        (["--max-tokens", "ten"], "argument --max-tokens: must be a whole number, got 'ten'"),
+        (["--threads", "0"], "argument --threads: must be at least 1, got 0"),
+        (["--kv-pages", "0"], "argument --kv-pages: must be at least 1, got 0"),
+        (["--page-size", "0"], "argument --page-size: must be at least 1, got 0"),
+        (["--temperature", "-1"], "argument --temperature: must be at least 0, got -1"),
+        (["--temperature", "nan"], "argument --temperature: must be a finite number, got 'nan'"),
+        (["--top-p", "0"], "argument --top-p: must be above 0 and at most 1, got 0"),
+        (["--min-p", "1"], "argument --min-p: must be at least 0 and below 1, got 1"),
+        (["--top-k", "-1"], "argument --top-k: must be at least 0, got -1"),
+        (["--repetition-penalty", "0"], "argument --repetition-penalty: must be above 0, got 0"),
+        (["--seed", "1.5"], "argument --seed: must be a whole number, got '1.5'"),
+        (["--stop", ""], "argument --stop: must not be empty"),
+    ],
+)
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_bad_options_are_answered_in_flags(
+    command: str, argv: list[str], message: str, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["__main__.py"])
+    with pytest.raises(SystemExit) as exited:
+        cli.main([command, "--chat", "hi", *argv] if command == "generate" else [command, *argv])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"python -m engine {command}: error: {message}\n"
+        f"Try 'python -m engine {command} --help' for the options.\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("config", "needle"),
+    [
+        (None, "is not a model folder: it has no config.json"),
+        ({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}, "Unsupported architecture 'gpt2'"),
+    ],
+)
+def test_a_folder_that_is_no_model_says_so_first(
+    tmp_path: Path, config: dict | None, needle: str
+) -> None:
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    if config is not None:
+        (folder / "config.json").write_text(json.dumps(config))
+    proc = run_cli("generate", "--model", str(folder), "--chat", "hi")
+    _assert_clean_error(proc, needle)
+    assert "has no tokenizer.json" not in proc.stderr
+
+
+def test_a_model_folder_without_weights_says_so(default_model_dir: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "no-weights"
+    shutil.copytree(default_model_dir, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    _assert_clean_error(
+        run_cli("generate", "--model", str(folder), "--chat", "hi"),
+        f"{folder} has no weights: a model folder needs model.safetensors",
+    )
+
+
+def test_first_start_says_what_it_imports_where_and_how_big(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    env = {"TANDEM_DATA_DIR": str(data)}
+    args = ("generate", "--chat", "Hi", "--max-tokens", "2", "--temperature", "0")
+    first = run_cli(*args, env_extra=env)
+    assert first.returncode == 0, first.stderr
+    dest = data / "models" / "SmolLM2-135M-Instruct"
+    gguf = default_gguf_path()
+    lines = first.stderr.splitlines()
+    said = re.fullmatch(
+        rf"Importing {re.escape(gguf.name)} \((\d+) MB\) into {re.escape(str(dest))} "
+        rf"\((\d+) MB\); this happens once\.\.\.",
+        lines[0],
+    )
+    assert said, first.stderr
+    assert int(said[1]) == round(gguf.stat().st_size / 1e6)
+    folder_mb = sum(f.stat().st_size for f in dest.iterdir()) / 1e6
+    assert abs(int(said[2]) - folder_mb) < 0.02 * folder_mb  # the size it said it would take
+    assert lines[1:] == ["Import done."]  # nothing else on a clean stderr
+
+    again = run_cli(*args, env_extra=env)
+    assert again.returncode == 0, again.stderr
+    assert again.stderr == ""
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_on_a_terminal_is_one_line_rewritten_then_cleared(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("COLUMNS", "40")
+    out = _Terminal()
+    show = cli.ProgressPrinter(out)
+    detail = "Importing m.gguf (98 MB) into ~/models/m (538 MB); this happens once"
+    show(LoadProgress("import", 0, 400, detail))
+    show(LoadProgress("import", 100, 400, detail))
+    show(LoadProgress("import", 101, 400, detail))  # the same line: not written again
+    show(LoadProgress("weights", 3, 4, "Loading the weights"))
+    show(LoadProgress("ready", 1, 1, "m is ready"))
+    show.finish()
+    assert out.getvalue() == (
+        "\r\x1b[K  0% Importing m.gguf (98 MB) into ~/mo"  # 39 columns: it must not wrap
+        "\r\x1b[K 25% Importing m.gguf (98 MB) into ~/mo"
+        "\r\x1b[K 75% Loading the weights"
+        "\r\x1b[K"
+    )
+
+
+def test_progress_line_is_ended_when_loading_stops() -> None:
+    out = _Terminal()
+    show = cli.ProgressPrinter(out)
+    show(LoadProgress("weights", 1, 4, "Loading the weights"))
+    show.finish()
+    assert out.getvalue().endswith(" 25% Loading the weights\n")
+
+
+def test_progress_in_a_log_mentions_only_the_import() -> None:
+    out = io.StringIO()
+    show = cli.ProgressPrinter(out)
+    for progress in [
+        LoadProgress("import", 0, 2, "Importing m.gguf (98 MB) into /d/m (538 MB)"),
+        LoadProgress("import", 1, 2, "Importing m.gguf (98 MB) into /d/m (538 MB)"),
+        LoadProgress("import", 2, 2, "Importing m.gguf (98 MB) into /d/m (538 MB)"),
+        LoadProgress("weights", 0, 4, "Loading the weights"),
+        LoadProgress("weights", 4, 4, "Loading the weights"),
+        LoadProgress("ready", 1, 1, "m is ready"),
+    ]:
+        show(progress)
+    show.finish()
+    assert out.getvalue() == (
+        "Importing m.gguf (98 MB) into /d/m (538 MB)...\nImport done.\n"
+    )
+
+
+def test_ctrl_c_at_the_empty_chat_prompt_ends_the_line(default_model_dir: Path) -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-m", "engine", "chat", "--model", str(default_model_dir)],
+        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.read(2) == b"> "  # input() flushes its prompt, then waits
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert child.returncode == 130, err
+    assert out == b"\n"  # the rest of the line the prompt was on
+    assert b"Traceback" not in err
+
+
+def test_deterministic_flag_reaches_the_engine(default_model_dir: Path) -> None:
+    proc = run_cli(
+        "generate", "--model", str(default_model_dir), "--chat", CHATS[0], "--deterministic",
+        "--temperature", "0", "--max-tokens", "8", "--json",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["token_ids"]
+
+
+def test_readme_python_snippet_streams_and_stops(default_model_dir: Path) -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    snippets = re.findall(r"```python\n(.*?)```", readme, re.S)
+    assert len(snippets) == 1
+    snippet = snippets[0]
+    assert "max_tokens=" in snippet and "print(" in snippet.split("for ", 1)[1]
+    # TANDEM_DATA_DIR (set by the fixture) points "default" at the imported model.
+    proc = subprocess.run(
+        [sys.executable, "-c", snippet], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip()

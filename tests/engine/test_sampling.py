@@ -471,7 +471,7 @@ def test_matches_hf_at_full_vocab(device: torch.device) -> None:
     ],
 )
 def test_invalid_params_name_the_field(field: str, value: object) -> None:
-    with pytest.raises(InvalidSamplingParams, match=rf"^{field} must be") as raised:
+    with pytest.raises(InvalidSamplingParams, match=rf"^{field} \(.+\) must be") as raised:
         SamplingParams(**{field: value})
     assert isinstance(raised.value, EngineError) and isinstance(raised.value, ValueError)
 
