@@ -1,0 +1,403 @@
+"""The OpenAI API's request and response shapes, as the server speaks them.
+
+Parsing turns a decoded JSON body into a `ChatRequest` or `CompletionRequest`
+with every field checked; anything wrong raises `APIError`, which carries the
+HTTP status and the OpenAI-style error body (`{"error": {"message", "type",
+"param", "code"}}`). The builders below make the response objects. Nothing
+here does I/O or touches the engine.
+
+Fields the API defines but this server cannot honour (tools, logprobs, a
+non-zero presence penalty...) are refused with a 400 that names them rather
+than silently ignored: a client relying on them would otherwise get answers
+that look right and are not. Fields it does not know at all are ignored, as
+other OpenAI-compatible servers do, so newer clients keep working. Like vLLM,
+it also takes `top_k`, `min_p`, `repetition_penalty` and `ignore_eos`
+(send them with the `openai` client's `extra_body`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# OpenAI's own limit; each choice is a request of its own in the engine.
+MAX_CHOICES = 128
+# What the legacy completions endpoint generates when max_tokens is not given.
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+class APIError(Exception):
+    """A request the server refuses, with the status and body to answer it with."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(
+    message: str, type: str = "invalid_request_error", param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+@dataclass(slots=True)
+class SamplingFields:
+    """The sampling part of a request, still in the API's terms."""
+
+    n: int = 1
+    max_tokens: int | None = None  # None: the endpoint's default
+    temperature: float = 1.0  # the API's default, not the engine's
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclass(slots=True)
+class ChatRequest:
+    model: str
+    messages: list[dict[str, str]]
+    sampling: SamplingFields
+    stream: bool
+    include_usage: bool
+
+
+@dataclass(slots=True)
+class CompletionRequest:
+    model: str
+    prompts: list[str | list[int]]  # one entry per prompt of a batch
+    sampling: SamplingFields
+    stream: bool
+    include_usage: bool
+
+
+# -- field checks ---------------------------------------------------------------
+
+
+def _invalid(param: str, message: str) -> APIError:
+    return APIError(400, message, param=param, code="invalid_value")
+
+
+def _wrong_type(param: str, expected: str, value: Any) -> APIError:
+    return APIError(
+        400,
+        f"Invalid type for '{param}': expected {expected}, but got {_json_type(value)}.",
+        param=param,
+        code="invalid_type",
+    )
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int(body: Mapping[str, Any], name: str, default: Any, low: int | None = None, high: int | None = None) -> Any:
+    value = body.get(name)
+    if value is None:
+        return default
+    # JSON has one number type: 16.0 is an integer to most clients.
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not _is_int(value):
+        raise _wrong_type(name, "an integer", value)
+    if low is not None and value < low:
+        raise _invalid(name, f"'{name}' must be at least {low}, got {value}.")
+    if high is not None and value > high:
+        raise _invalid(name, f"'{name}' must be at most {high}, got {value}.")
+    return value
+
+
+def _number(
+    body: Mapping[str, Any],
+    name: str,
+    default: float,
+    *,
+    low: float,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _wrong_type(name, "a number", value)
+    value = float(value)
+    low_ok = value > low if low_open else value >= low
+    high_ok = high is None or (value < high if high_open else value <= high)
+    if not (math.isfinite(value) and low_ok and high_ok):
+        lo = "(" if low_open else "["
+        hi = ")" if high_open else "]"
+        span = f"{lo}{low:g}, {'inf' if high is None else f'{high:g}'}{hi}"
+        raise _invalid(name, f"'{name}' must be a number in {span}, got {body.get(name)!r}.")
+    return value
+
+
+def _bool(body: Mapping[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise _wrong_type(name, "a boolean", value)
+    return value
+
+
+def _model(body: Mapping[str, Any]) -> str:
+    value = body.get("model")
+    if value is None:
+        raise APIError(400, "You must provide a model parameter.", param="model", code="missing_required_parameter")
+    if not isinstance(value, str):
+        raise _wrong_type("model", "a string", value)
+    return value
+
+
+def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
+    value = body.get("stop")
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise _wrong_type("stop", "a string or an array of strings", value)
+    if any(not s for s in value):
+        raise _invalid("stop", "Stop sequences must not be empty strings.")
+    return tuple(value)
+
+
+def _unsupported(body: Mapping[str, Any], name: str, neutral: tuple[Any, ...] = (None,), hint: str = "") -> None:
+    value = body.get(name)
+    if value not in neutral:
+        raise APIError(
+            400,
+            f"'{name}' is not supported by this server.{(' ' + hint) if hint else ''}",
+            param=name,
+            code="unsupported_parameter",
+        )
+
+
+def _sampling(body: Mapping[str, Any], max_tokens_names: tuple[str, ...]) -> SamplingFields:
+    max_tokens = None
+    for name in max_tokens_names:  # the first one given wins
+        max_tokens = _int(body, name, None, low=1)
+        if max_tokens is not None:
+            break
+    _unsupported(body, "logit_bias", (None, {}))
+    _unsupported(body, "presence_penalty", (None, 0, 0.0), "Use 'repetition_penalty' instead.")
+    _unsupported(body, "frequency_penalty", (None, 0, 0.0), "Use 'repetition_penalty' instead.")
+    return SamplingFields(
+        n=_int(body, "n", 1, low=1, high=MAX_CHOICES),
+        max_tokens=max_tokens,
+        temperature=_number(body, "temperature", 1.0, low=0.0),
+        top_p=_number(body, "top_p", 1.0, low=0.0, high=1.0, low_open=True),
+        top_k=_int(body, "top_k", 0, low=0) if body.get("top_k") != -1 else 0,  # vLLM's "off" is -1
+        min_p=_number(body, "min_p", 0.0, low=0.0, high=1.0, high_open=True),
+        repetition_penalty=_number(body, "repetition_penalty", 1.0, low=0.0, low_open=True),
+        seed=_int(body, "seed", None),
+        stop=_stop(body),
+        ignore_eos=_bool(body, "ignore_eos", False),
+    )
+
+
+def _stream_flags(body: Mapping[str, Any]) -> tuple[bool, bool]:
+    stream = _bool(body, "stream", False)
+    options = body.get("stream_options")
+    if options is None:
+        return stream, False
+    if not isinstance(options, dict):
+        raise _wrong_type("stream_options", "an object", options)
+    if not stream:
+        raise _invalid("stream_options", "'stream_options' is only allowed when 'stream' is true.")
+    return stream, _bool(options, "include_usage", False)
+
+
+def _require_object(body: Any) -> Mapping[str, Any]:
+    if not isinstance(body, dict):
+        raise APIError(400, f"The request body must be a JSON object, not {_json_type(body)}.", code="invalid_body")
+    return body
+
+
+# -- requests -------------------------------------------------------------------
+
+
+def parse_chat_request(body: Any) -> ChatRequest:
+    body = _require_object(body)
+    model = _model(body)
+    raw = body.get("messages")
+    if raw is None:
+        raise APIError(400, "You must provide 'messages'.", param="messages", code="missing_required_parameter")
+    if not isinstance(raw, list):
+        raise _wrong_type("messages", "an array of message objects", raw)
+    if not raw:
+        raise _invalid("messages", "'messages' must contain at least one message.")
+    messages = [_message(m, f"messages[{i}]") for i, m in enumerate(raw)]
+    for name in ("tools", "functions"):
+        _unsupported(body, name, (None, []), "This server runs the model's plain chat template.")
+    _unsupported(body, "tool_choice", (None, "none"))
+    _unsupported(body, "logprobs", (None, False))
+    _unsupported(body, "top_logprobs", (None, 0))
+    fmt = body.get("response_format")
+    if fmt is not None and fmt != {"type": "text"}:
+        raise APIError(400, "Only 'response_format': {\"type\": \"text\"} is supported.",
+                       param="response_format", code="unsupported_parameter")
+    stream, include_usage = _stream_flags(body)
+    return ChatRequest(
+        model=model,
+        messages=messages,
+        sampling=_sampling(body, ("max_completion_tokens", "max_tokens")),
+        stream=stream,
+        include_usage=include_usage,
+    )
+
+
+def _message(value: Any, where: str) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise _wrong_type(where, "an object", value)
+    role = value.get("role")
+    if not isinstance(role, str):
+        raise _wrong_type(f"{where}.role", "a string", role)
+    if role not in _ROLES:
+        hint = " Tool and function messages are not supported." if role in ("tool", "function") else ""
+        raise _invalid(
+            f"{where}.role",
+            f"Unknown role {role!r} in {where}; expected one of system, developer, user, assistant.{hint}",
+        )
+    content = value.get("content")
+    if content is None and role == "assistant":
+        content = ""
+    if isinstance(content, list):
+        content = _text_parts(content, f"{where}.content")
+    elif not isinstance(content, str):
+        raise _wrong_type(f"{where}.content", "a string or an array of text parts", content)
+    return {"role": _ROLES[role], "content": content}
+
+
+def _text_parts(parts: list[Any], where: str) -> str:
+    texts = []
+    for i, part in enumerate(parts):
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise _wrong_type(f"{where}[{i}]", "a content part object with a 'type'", part)
+        if part["type"] != "text":
+            raise _invalid(
+                f"{where}[{i}].type",
+                f"Content parts of type {part['type']!r} are not supported; this model reads text only.",
+            )
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise _wrong_type(f"{where}[{i}].text", "a string", text)
+        texts.append(text)
+    return "\n".join(texts)
+
+
+def parse_completion_request(body: Any) -> CompletionRequest:
+    body = _require_object(body)
+    model = _model(body)
+    prompts = _prompts(body.get("prompt"))
+    _unsupported(body, "echo", (None, False))
+    _unsupported(body, "logprobs", (None,))
+    _unsupported(body, "suffix", (None, ""))
+    n = body.get("n", 1)
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != n:
+        raise APIError(400, "'best_of' other than 'n' is not supported.", param="best_of",
+                       code="unsupported_parameter")
+    stream, include_usage = _stream_flags(body)
+    return CompletionRequest(
+        model=model,
+        prompts=prompts,
+        sampling=_sampling(body, ("max_tokens",)),
+        stream=stream,
+        include_usage=include_usage,
+    )
+
+
+def _prompts(value: Any) -> list[str | list[int]]:
+    """A string, a list of strings, a list of token ids, or a list of those lists."""
+    if value is None:
+        raise APIError(400, "You must provide a 'prompt'.", param="prompt", code="missing_required_parameter")
+    if isinstance(value, str):
+        prompts: list[Any] = [value]
+    elif isinstance(value, list) and value and all(_is_int(t) for t in value):
+        prompts = [value]
+    elif isinstance(value, list) and value and all(
+        isinstance(p, str) or (isinstance(p, list) and p and all(_is_int(t) for t in p)) for p in value
+    ):
+        prompts = list(value)
+    else:
+        raise _wrong_type(
+            "prompt", "a string, an array of strings, or an array (or arrays) of token ids", value
+        )
+    if any(p == "" for p in prompts):
+        raise _invalid("prompt", "The prompt must not be empty.")
+    return prompts
+
+
+# -- responses ------------------------------------------------------------------
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def model_card(model_id: str, created: int) -> dict[str, Any]:
+    return {"id": model_id, "object": "model", "created": created, "owned_by": "tandem"}
+
+
+def finish_reason(engine_reason: str) -> str:
+    # An aborted request only reaches a client when the server shuts down
+    # under it; "stop" would claim the model ended its answer.
+    return {"stop": "stop", "length": "length"}.get(engine_reason, "abort")

@@ -1,0 +1,456 @@
+"""The OpenAI-compatible server, driven over loopback by the official `openai` client.
+
+One real engine (the default model on the CPU) and one real uvicorn server
+on a free 127.0.0.1 port serve the whole module; a second server on the same
+engine checks the API key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from engine.engine import Engine
+from engine.server import RunningServer, model_name_for, serve_in_thread
+
+MAX_TOKENS = 6
+
+
+@pytest.fixture(scope="module")
+def engine(default_model_dir: Path) -> Iterator[Engine]:
+    with Engine(default_model_dir, device="cpu") as eng:
+        yield eng
+
+
+@pytest.fixture(scope="module")
+def server(engine: Engine) -> Iterator[RunningServer]:
+    with serve_in_thread(engine) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def model(engine: Engine) -> str:
+    return model_name_for(engine)
+
+
+@pytest.fixture()
+def client(server: RunningServer) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=300) as c:
+        yield c
+
+
+def _unique(text: str) -> str:
+    # Keeps a test's prompt out of the prefix cache that earlier tests filled.
+    return f"{text} [{uuid.uuid4().hex[:8]}]"
+
+
+def _wait_for_idle(engine: Engine, timeout: float = 60.0) -> Any:
+    """Engine stats once no request holds pages (aborts land at the engine's next step)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        stats = engine.stats()
+        if (stats.pages_used == 0 and stats.running == 0 and stats.waiting == 0) or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.05)
+
+
+def test_models_lists_the_served_model(client: openai.OpenAI, model: str) -> None:
+    models = client.models.list()
+    assert [m.id for m in models.data] == [model]
+    assert client.models.retrieve(model).id == model
+
+
+def test_chat_greedy_equals_engine(client: openai.OpenAI, engine: Engine, model: str) -> None:
+    messages = [{"role": "user", "content": "Name a primary color."}]
+    expected = engine.generate_outputs([messages], temperature=0.0, max_tokens=MAX_TOKENS)[0]
+
+    reply = client.chat.completions.create(
+        model=model, messages=messages, temperature=0, max_tokens=MAX_TOKENS
+    )
+    assert reply.object == "chat.completion"
+    assert reply.model == model
+    assert len(reply.choices) == 1
+    choice = reply.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.message.content == expected.text
+    assert choice.finish_reason == expected.finish_reason
+    assert reply.usage.prompt_tokens == len(expected.prompt_token_ids)
+    assert reply.usage.completion_tokens == len(expected.token_ids)
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+
+    # max_completion_tokens is the newer name of the same limit.
+    again = client.chat.completions.create(
+        model=model, messages=messages, temperature=0, max_completion_tokens=MAX_TOKENS
+    )
+    assert again.choices[0].message.content == expected.text
+
+
+def test_chat_streaming_greedy_equals_engine(client: openai.OpenAI, engine: Engine, model: str) -> None:
+    messages = [{"role": "user", "content": "Say something about rivers."}]
+    expected = engine.generate_outputs([messages], temperature=0.0, max_tokens=MAX_TOKENS)[0]
+
+    stream = client.chat.completions.create(
+        model=model, messages=messages, temperature=0, max_tokens=MAX_TOKENS,
+        stream=True, stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    content = [c.choices[0].delta.content or "" for c in chunks if c.choices]
+    assert "".join(content) == expected.text
+    assert next(c for c in chunks if c.choices).choices[0].delta.role == "assistant"
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [expected.finish_reason]
+    # include_usage: every chunk carries usage = null but the last, which has no choices.
+    assert all(c.usage is None for c in chunks[:-1])
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage.completion_tokens == len(expected.token_ids)
+    assert chunks[-1].usage.prompt_tokens == len(expected.prompt_token_ids)
+
+
+def test_stream_ends_with_done(server: RunningServer, model: str) -> None:
+    body = {"model": model, "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 2, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{server.base_url}/chat/completions", json=body, timeout=300) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in r.iter_lines() if line]
+    assert events[-1] == "data: [DONE]"
+    assert all(e.startswith("data: ") for e in events)
+    assert all("usage" not in json.loads(e[6:]) for e in events[:-1])
+
+
+def test_completions_greedy_equal_engine(client: openai.OpenAI, engine: Engine, model: str) -> None:
+    prompt = "The capital of France is"
+    expected = engine.generate_outputs([prompt], temperature=0.0, max_tokens=MAX_TOKENS)[0]
+
+    reply = client.completions.create(model=model, prompt=prompt, temperature=0, max_tokens=MAX_TOKENS)
+    assert reply.object == "text_completion"
+    assert reply.choices[0].text == expected.text
+    assert reply.choices[0].finish_reason == expected.finish_reason
+    assert reply.usage.prompt_tokens == len(expected.prompt_token_ids)
+
+    stream = client.completions.create(
+        model=model, prompt=prompt, temperature=0, max_tokens=MAX_TOKENS, stream=True
+    )
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks) == expected.text
+    assert chunks[-1].choices[0].finish_reason == expected.finish_reason
+
+    # Token ids are a prompt too, and a list of prompts is a batch.
+    by_ids = client.completions.create(
+        model=model, prompt=[expected.prompt_token_ids, expected.prompt_token_ids],
+        temperature=0, max_tokens=MAX_TOKENS,
+    )
+    assert [c.index for c in by_ids.choices] == [0, 1]
+    assert [c.text for c in by_ids.choices] == [expected.text, expected.text]
+
+
+def test_completions_default_to_sixteen_tokens(client: openai.OpenAI, model: str) -> None:
+    reply = client.completions.create(
+        model=model, prompt="1, 2, 3, 4,", temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert reply.usage.completion_tokens == 16
+    assert reply.choices[0].finish_reason == "length"
+
+
+def test_seed_makes_sampling_reproducible(client: openai.OpenAI, model: str) -> None:
+    messages = [{"role": "user", "content": "Invent a name for a cat."}]
+
+    def ask(seed: int) -> str:
+        r = client.chat.completions.create(
+            model=model, messages=messages, temperature=1.0, top_p=0.95, seed=seed, max_tokens=MAX_TOKENS
+        )
+        return r.choices[0].message.content
+
+    assert ask(1234) == ask(1234)
+
+
+def test_stop_string_ends_the_reply(client: openai.OpenAI, engine: Engine, model: str) -> None:
+    prompt = "1, 2, 3, 4, 5, 6,"
+    free = engine.generate_outputs([prompt], temperature=0.0, max_tokens=8)[0].text
+    # Stop at a word the free reply contains (the stop string itself is left out).
+    stop = free.strip().split(",")[0].strip() or free.strip()[:2]
+    reply = client.completions.create(model=model, prompt=prompt, temperature=0, max_tokens=8, stop=[stop])
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.choices[0].text == free[: free.index(stop)]
+
+
+def test_n_choices_share_the_prompt_pages(client: openai.OpenAI, engine: Engine, model: str) -> None:
+    messages = [{"role": "user", "content": _unique("List three animals that live in the sea.")}]
+    prompt_len = len(engine.encode_prompt(messages))
+    page = engine.stats().page_size
+    assert prompt_len > 2 * page
+    before = engine.stats().prompt_tokens_reused
+
+    reply = client.chat.completions.create(
+        model=model, messages=messages, n=2, temperature=0, max_tokens=MAX_TOKENS
+    )
+    assert sorted(c.index for c in reply.choices) == [0, 1]
+    # Greedy: both choices are the same reply.
+    assert reply.choices[0].message.content == reply.choices[1].message.content
+    assert reply.usage.prompt_tokens == prompt_len  # billed once, not per choice
+    # The second choice was served the first one's full prompt pages.
+    reused = engine.stats().prompt_tokens_reused - before
+    assert reused >= (prompt_len - 1) // page * page
+
+    # Sampled with a seed (choice i draws with seed + i): the call is reproducible.
+    def sampled() -> list[str]:
+        r = client.chat.completions.create(
+            model=model, messages=messages, n=2, temperature=1.0, seed=7, max_tokens=12
+        )
+        return [c.message.content for c in sorted(r.choices, key=lambda c: c.index)]
+
+    first = sampled()
+    assert first == sampled()
+
+
+def test_n_choices_stream(client: openai.OpenAI, model: str) -> None:
+    stream = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Hello"}], n=2,
+        temperature=0, max_tokens=MAX_TOKENS, stream=True,
+    )
+    texts = {0: "", 1: ""}
+    finished = set()
+    for chunk in stream:
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+            if c.finish_reason:
+                finished.add(c.index)
+    assert finished == {0, 1}
+    assert texts[0] == texts[1] != ""
+
+
+def test_eight_concurrent_streams_complete(server: RunningServer, engine: Engine, model: str) -> None:
+    async def one(client: openai.AsyncOpenAI, i: int) -> tuple[str, str | None, int]:
+        stream = await client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": f"Count to {i + 2}."}],
+            temperature=0, max_tokens=MAX_TOKENS, stream=True, stream_options={"include_usage": True},
+        )
+        text, finish, tokens = "", None, 0
+        async for chunk in stream:
+            for c in chunk.choices:
+                text += c.delta.content or ""
+                finish = c.finish_reason or finish
+            if chunk.usage is not None:
+                tokens = chunk.usage.completion_tokens
+        return text, finish, tokens
+
+    async def main() -> list[tuple[str, str | None, int]]:
+        async with openai.AsyncOpenAI(base_url=server.base_url, api_key="x", max_retries=0, timeout=300) as c:
+            return await asyncio.gather(*(one(c, i) for i in range(8)))
+
+    results = asyncio.run(main())
+    assert len(results) == 8
+    for text, finish, tokens in results:
+        assert finish in ("stop", "length")
+        assert 1 <= tokens <= MAX_TOKENS
+        assert text
+    assert _wait_for_idle(engine).pages_used == 0
+
+
+def test_client_disconnect_mid_stream_aborts_and_frees_pages(
+    server: RunningServer, engine: Engine, model: str
+) -> None:
+    limit = 2000  # far more than can be generated before the client gives up
+    before = engine.stats().generated_tokens
+    with openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0, timeout=300) as client:
+        stream = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": _unique("Tell me a very long story.")}],
+            temperature=0, max_tokens=limit, stream=True, extra_body={"ignore_eos": True},
+        )
+        received = 0
+        for chunk in stream:
+            received += sum(bool(c.delta.content) for c in chunk.choices)
+            if received >= 2:
+                break
+        assert engine.stats().pages_used > 0  # it is still generating
+        stream.close()
+
+    stats = _wait_for_idle(engine)
+    assert stats.pages_used == 0
+    assert stats.running == 0
+    # Aborted, not run out to max_tokens for nobody.
+    assert stats.generated_tokens - before < limit
+
+
+def test_client_disconnect_without_streaming_aborts(server: RunningServer, engine: Engine, model: str) -> None:
+    limit = 2000  # far more than can be generated before the client gives up
+    before = engine.stats().generated_tokens
+    body = {"model": model, "messages": [{"role": "user", "content": _unique("Write an essay.")}],
+            "max_tokens": limit, "temperature": 0, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        # The client gives up (and closes its connection) long before 2000 tokens.
+        httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=httpx.Timeout(30, read=1.5))
+    stats = _wait_for_idle(engine)
+    assert stats.pages_used == 0
+    assert stats.generated_tokens - before < limit
+
+
+def test_cached_tokens_on_a_conversations_second_turn(client: openai.OpenAI, model: str) -> None:
+    messages = [
+        {"role": "system", "content": _unique("You are a terse assistant who answers in few words.")},
+        {"role": "user", "content": "What is the largest planet?"},
+    ]
+    first = client.chat.completions.create(model=model, messages=messages, temperature=0, max_tokens=MAX_TOKENS)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "And the smallest?"},
+    ]
+    second = client.chat.completions.create(model=model, messages=messages, temperature=0, max_tokens=MAX_TOKENS)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached > 0
+    assert cached <= first.usage.prompt_tokens + first.usage.completion_tokens
+    assert cached < second.usage.prompt_tokens
+
+
+def test_api_key_is_enforced(engine: Engine, model: str) -> None:
+    with serve_in_thread(engine, api_key="s3cret") as srv:
+        with openai.OpenAI(base_url=srv.base_url, api_key="wrong", max_retries=0) as bad:
+            with pytest.raises(openai.AuthenticationError) as info:
+                bad.models.list()
+            assert info.value.status_code == 401
+            assert info.value.body["code"] == "invalid_api_key"
+        assert httpx.get(f"{srv.base_url}/models").status_code == 401  # no key at all
+
+        r = httpx.post(f"{srv.base_url}/chat/completions",
+                       json={"model": model, "messages": [{"role": "user", "content": "Hi"}]})
+        assert r.status_code == 401
+        assert r.json()["error"]["type"] == "invalid_request_error"
+        assert r.headers["www-authenticate"] == "Bearer"
+
+        with openai.OpenAI(base_url=srv.base_url, api_key="s3cret", max_retries=0, timeout=300) as good:
+            assert [m.id for m in good.models.list().data] == [model]
+            reply = good.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=2, temperature=0
+            )
+            assert reply.choices[0].message.content is not None
+        # The health check is for load balancers and carries no model access.
+        assert httpx.get(srv.base_url.removesuffix("/v1") + "/health").status_code == 200
+
+
+_MISSING = object()
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param", "code"),
+    [
+        # Raw bytes as they are, or changes to a valid request (_MISSING drops a field).
+        (b"{not json", 400, None, "invalid_json"),
+        (b"", 400, None, "invalid_body"),
+        (b"[1, 2]", 400, None, "invalid_body"),
+        ({"model": _MISSING}, 400, "model", "missing_required_parameter"),
+        ({"messages": _MISSING}, 400, "messages", "missing_required_parameter"),
+        ({"messages": "Hi"}, 400, "messages", "invalid_type"),
+        ({"messages": []}, 400, "messages", "invalid_value"),
+        ({"messages": [{"role": "wizard", "content": "Hi"}]}, 400, "messages[0].role", "invalid_value"),
+        ({"messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content", "invalid_type"),
+        ({"temperature": "hot"}, 400, "temperature", "invalid_type"),
+        ({"temperature": -1}, 400, "temperature", "invalid_value"),
+        ({"top_p": 0}, 400, "top_p", "invalid_value"),
+        ({"max_tokens": 0}, 400, "max_tokens", "invalid_value"),
+        ({"max_tokens": 2.5}, 400, "max_tokens", "invalid_type"),
+        ({"n": True}, 400, "n", "invalid_type"),
+        ({"stream": "yes"}, 400, "stream", "invalid_type"),
+        ({"seed": 1.5}, 400, "seed", "invalid_type"),
+        ({"stop": 7}, 400, "stop", "invalid_type"),
+        ({"stream_options": {"include_usage": True}}, 400, "stream_options", "invalid_value"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools", "unsupported_parameter"),
+        ({"model": "gpt-4o"}, 404, "model", "model_not_found"),
+        ({"max_tokens": 100_000_000}, 400, "messages", "context_length_exceeded"),
+    ],
+)
+def test_malformed_requests_get_openai_errors(
+    server: RunningServer, model: str, body: Any, status: int, param: str | None, code: str
+) -> None:
+    if isinstance(body, dict):
+        valid = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+        merged = {k: v for k, v in (valid | body).items() if v is not _MISSING}
+        body = json.dumps(merged).encode()
+    r = httpx.post(f"{server.base_url}/chat/completions", content=body,
+                   headers={"Content-Type": "application/json"}, timeout=60)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"]
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    assert error["code"] == code
+
+
+def test_overlong_prompt_is_refused_with_the_reason(server: RunningServer, engine: Engine, model: str) -> None:
+    text = "word " * (engine.max_context + 10)
+    r = httpx.post(f"{server.base_url}/completions", json={"model": model, "prompt": text, "max_tokens": 1},
+                   timeout=120)
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["code"] == "context_length_exceeded"
+    assert str(engine.max_context) in error["message"]
+    # Nothing was admitted for it.
+    assert _wait_for_idle(engine).pages_used == 0
+
+
+def test_unknown_routes_and_methods_get_json_errors(server: RunningServer) -> None:
+    r = httpx.get(f"{server.base_url}/engines")
+    assert r.status_code == 404
+    assert "/v1/chat/completions" in r.json()["error"]["message"]
+    r = httpx.get(f"{server.base_url}/chat/completions")
+    assert r.status_code == 405
+    assert r.json()["error"]["message"]
+
+
+def _serve_command(model_dir: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "engine", "serve", "--model", str(model_dir), "--device", "cpu",
+            "--host", "127.0.0.1", *extra]
+
+
+def test_serve_command_serves_until_interrupted(tiny_model_dir: Path) -> None:
+    proc = subprocess.Popen(
+        _serve_command(tiny_model_dir, "--port", "0", "--served-model-name", "tiny", "--api-key", "k"),
+        stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        url = None
+        for line in proc.stderr:  # loading progress, then the line saying where it serves
+            match = re.search(r"(http://127\.0\.0\.1:\d+/v1)", line)
+            if match:
+                url = match.group(1)
+                break
+        assert url is not None, "the server never said where it listens"
+        assert httpx.get(f"{url}/models").status_code == 401
+        r = httpx.get(f"{url}/models", headers={"Authorization": "Bearer k"})
+        assert [m["id"] for m in r.json()["data"]] == ["tiny"]
+        proc.send_signal(signal.SIGINT)  # Ctrl-C: a normal way to stop a server
+        assert proc.wait(timeout=60) == 0
+        assert "Server stopped." in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+
+
+def test_serve_command_reports_a_busy_port(tiny_model_dir: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = subprocess.run(_serve_command(tiny_model_dir, "--port", str(port)),
+                              capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert f"127.0.0.1:{port}" in done.stderr and "--port" in done.stderr
