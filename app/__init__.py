@@ -1,0 +1,59 @@
+"""Tandem's application core: what a pane is, without any widget.
+
+No Qt here: plain asyncio plus callbacks. Under qasync the asyncio loop is
+the Qt GUI loop, so every callback below runs on the GUI thread.
+
+Modules
+-------
+app.settings      Settings (defaults in code, one JSON file in the config
+                  folder; $TANDEM_CONFIG_DIR overrides the folder).
+                  Settings.load(path=None) never raises for a bad file: it
+                  returns defaults where values are invalid, keeps the file
+                  aside as settings.json.bad and sets `load_warning`.
+                  settings.save(path=None); settings.engine_kwargs().
+                  Fields: model, device, dtype, threads (None = engine
+                  policy), kv_cache_mb, default_params (SamplingParams),
+                  default_system_prompt, theme, ui_state (free-form dict the
+                  window may use for geometry etc.).
+app.conversation  Message, ReplyStats, Conversation (see its docstring for
+                  how the kept token ids are grown and cut).
+app.workspace     Pane, Workspace, Turn.
+app.events        The events Workspace.subscribe callbacks receive.
+app.compare       word_diff(a, b) -> (segments of a, segments of b).
+app.errors        AppError and its subclasses; each message can be shown to
+                  the user as it is.
+
+Workspace API (additions to the agreed contract are marked +)
+-------------------------------------------------------------
+    Workspace(settings=None, *, engine=None)   # + engine: an already loaded Engine
+    panes: list[Pane]; pane(id) -> Pane (+); index_of(id) (+)
+    add_pane(after=None), close_pane(id) (LastPaneError for the only pane),
+    move_pane(id, new_index), fork_pane(id, message_index), clear_pane(id) (+),
+    set_params(id, SamplingParams), set_system_prompt(id, text), set_title(id, text) (+)
+    await send(text, targets=None) -> Turn     # returns once queued (+ Turn)
+    await regenerate(id) -> Turn               # also answers a last user message without a reply
+    await edit_and_resend(id, message_index, text) -> Turn
+    stop(id=None)
+    await wait_idle() (+)                      # until no reply streams
+    Turn (+): pane_ids, request_ids, done, await wait(), stop()
+    engine_state: "unloaded" | "loading" | "ready" | "error" | "closed"
+        (+ "unloaded" before load_engine, "closed" after shutdown)
+    load_progress, load_error
+    await load_engine(settings=None) -> bool (+ bool: ready; failures are
+        reported as state "error", not raised)
+    stats() -> engine.EngineStats | None
+    await shutdown()
+    subscribe(callback) -> unsubscribe
+
+    Pane: id, title, conversation, busy (property), backend ("local")
+    Conversation: system_prompt, params, model_id, messages, kept_ids,
+        context_used, context_limit (0 until a model is loaded),
+        streaming / streaming_index (+), fork(i), truncate(n) (+)
+    Message: role, text, token_ids, state, stats, error
+    events.PaneAdded gains `index` (+: its position in panes).
+
+Errors (app.errors): EngineNotReadyError, PaneBusyError (.pane_ids, .titles),
+UnknownPaneError, LastPaneError, EmptyMessageError, NoTargetError,
+MessageIndexError, NothingToRegenerateError, ContextFullError. Engine errors
+(engine.errors.PromptError and subclasses) pass through unwrapped.
+"""

@@ -1,0 +1,304 @@
+"""One pane's conversation: its messages, and the token ids the model saw.
+
+The kept ids are the conversation exactly as the model was fed it and
+generated it: prompt ids plus generated ids, turn after turn. A new turn's
+prompt is those ids plus what the chat template adds for the new message
+(`Tokenizer.encode_next_turn`), so it starts with every page the previous
+turn left in the prefix cache. Re-tokenizing earlier replies from their text
+would give other ids and silently miss the cache, so replies are never
+re-tokenized: for each message that closes a turn the conversation remembers
+how many kept ids cover the conversation up to it, and cutting the
+conversation back (regenerate, edit, fork) cuts the kept ids at that mark.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from engine.sampling import SamplingParams
+
+from app.errors import MessageIndexError
+
+if TYPE_CHECKING:
+    from engine.sequence import RequestOutput, StreamEvent
+    from engine.tokenizer import Tokenizer
+
+Role = Literal["system", "user", "assistant"]
+MessageState = Literal["complete", "streaming", "stopped", "error"]
+
+DEFAULT_MODEL_ID = "default"
+
+
+@dataclass(slots=True)
+class ReplyStats:
+    """What the engine did for one reply; live while it streams, final after."""
+
+    generated_tokens: int
+    tokens_per_s: float  # decode speed: tokens after the first over the time after the first
+    ttft_s: float | None  # time to first token
+    prompt_tokens: int
+    cached_prompt_tokens: int  # prompt tokens served from the prefix cache
+    finish_reason: str | None  # None while streaming; "stop" | "length" | "abort" | "error"
+    elapsed_s: float
+
+    @staticmethod
+    def _rate(generated: int, elapsed: float, ttft: float | None) -> float:
+        if ttft is None or generated < 2 or elapsed <= ttft:
+            return 0.0
+        return (generated - 1) / (elapsed - ttft)
+
+    @classmethod
+    def from_event(cls, event: StreamEvent) -> ReplyStats:
+        """Live stats from a stream event's running figures."""
+        return cls(
+            generated_tokens=event.num_generated,
+            tokens_per_s=cls._rate(event.num_generated, event.elapsed_s, event.ttft_s),
+            ttft_s=event.ttft_s,
+            prompt_tokens=event.prompt_tokens,
+            cached_prompt_tokens=event.cached_prompt_tokens,
+            finish_reason=None,
+            elapsed_s=event.elapsed_s,
+        )
+
+    @classmethod
+    def from_output(cls, output: RequestOutput) -> ReplyStats:
+        """Final stats from a finished request's record."""
+        m = output.metrics
+        end = m.finish_time if m.finish_time is not None else m.arrival_time
+        elapsed = max(0.0, end - m.arrival_time)
+        ttft = m.time_to_first_token
+        return cls(
+            generated_tokens=len(output.token_ids),
+            tokens_per_s=cls._rate(len(output.token_ids), elapsed, ttft),
+            ttft_s=ttft,
+            prompt_tokens=m.prompt_tokens,
+            cached_prompt_tokens=m.cached_prompt_tokens,
+            finish_reason=output.finish_reason,
+            elapsed_s=elapsed,
+        )
+
+
+@dataclass(slots=True)
+class Message:
+    role: Role
+    text: str
+    # assistant: the generated ids (a stopping end token included); user/system: [].
+    token_ids: list[int] = field(default_factory=list)
+    state: MessageState = "complete"
+    stats: ReplyStats | None = None
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class _Turn:
+    """The reply being written: where it is and the prompt it answers."""
+
+    index: int
+    prompt_ids: list[int]
+
+
+class Conversation:
+    """Messages plus the token ids that cover them.
+
+    The conversation does not talk to the engine: the workspace asks it for
+    the next prompt (`next_prompt`), submits it, and reports back with
+    `begin_reply` / `add_reply_delta` / `end_reply`.
+    """
+
+    def __init__(
+        self,
+        *,
+        system_prompt: str = "",
+        params: SamplingParams | None = None,
+        model_id: str = DEFAULT_MODEL_ID,
+        context_limit: int = 0,
+    ) -> None:
+        self.system_prompt = system_prompt
+        self.params = params if params is not None else SamplingParams()
+        self.model_id = model_id
+        # The model's context in tokens; 0 until a model is loaded.
+        self.context_limit = context_limit
+        self.messages: list[Message] = []
+        self._kept_ids: list[int] = []
+        # _kept_after[i]: how many kept ids cover messages[: i + 1], for a
+        # message that closed a turn; None for the others (a user message is
+        # only ever fed together with the generation prompt after it).
+        self._kept_after: list[int | None] = []
+        self._turn: _Turn | None = None
+
+    # -- what the model sees ---------------------------------------------
+
+    @property
+    def kept_ids(self) -> list[int]:
+        """The ids of the conversation up to its last finished reply, as fed and generated."""
+        return list(self._kept_ids)
+
+    @property
+    def context_used(self) -> int:
+        """Tokens of the model's context the conversation takes (the reply being written included)."""
+        if self._turn is not None:
+            return len(self._turn.prompt_ids) + len(self.messages[self._turn.index].token_ids)
+        return len(self._kept_ids)
+
+    @property
+    def streaming(self) -> bool:
+        return self._turn is not None
+
+    @property
+    def streaming_index(self) -> int | None:
+        return None if self._turn is None else self._turn.index
+
+    def chat_messages(self, upto: int | None = None, user_text: str | None = None) -> list[dict[str, str]]:
+        """The conversation as chat-template messages: system prompt, messages[:upto], then user_text.
+
+        A reply that failed is left out: the model never produced it.
+        """
+        chat: list[dict[str, str]] = []
+        if self.system_prompt:
+            chat.append({"role": "system", "content": self.system_prompt})
+        for message in self.messages[: len(self.messages) if upto is None else upto]:
+            if message.state != "error":
+                chat.append({"role": message.role, "content": message.text})
+        if user_text is not None:
+            chat.append({"role": "user", "content": user_text})
+        return chat
+
+    def kept_ids_for(self, upto: int) -> list[int]:
+        """The kept ids that cover messages[:upto] (up to the last turn boundary within them)."""
+        for i in range(min(upto, len(self.messages)) - 1, -1, -1):
+            mark = self._kept_after[i]
+            if mark is not None:
+                return self._kept_ids[:mark]
+        return []
+
+    def next_prompt(self, tokenizer: Tokenizer, user_text: str | None = None, upto: int | None = None) -> list[int]:
+        """Prompt ids for a reply to messages[:upto] (all by default) followed by `user_text`.
+
+        Changes nothing: the caller submits the prompt and only then records
+        the turn, so a prompt the engine refuses leaves the conversation as it was.
+        Without `user_text`, messages[:upto] must end with a user message.
+        """
+        upto = len(self.messages) if upto is None else upto
+        if user_text is None:
+            last = next((m for m in reversed(self.messages[:upto]) if m.state != "error"), None)
+            if last is None or last.role != "user":
+                raise MessageIndexError("There is no user message to reply to.")
+        return tokenizer.encode_next_turn(self.kept_ids_for(upto), self.chat_messages(upto, user_text))
+
+    # -- recording a turn ----------------------------------------------------
+
+    def append_user(self, text: str) -> int:
+        self._require_idle()
+        self.messages.append(Message("user", text))
+        self._kept_after.append(None)
+        return len(self.messages) - 1
+
+    def begin_reply(self, prompt_ids: list[int]) -> int:
+        """Add the (empty, streaming) reply that `prompt_ids` asks for; returns its index."""
+        self._require_idle()
+        self.messages.append(Message("assistant", "", state="streaming"))
+        self._kept_after.append(None)
+        self._turn = _Turn(len(self.messages) - 1, list(prompt_ids))
+        return self._turn.index
+
+    def add_reply_delta(self, text: str, token_ids: list[int], stats: ReplyStats | None = None) -> Message:
+        message = self._streaming_message()
+        message.text += text
+        message.token_ids.extend(token_ids)
+        if stats is not None:
+            message.stats = stats
+        return message
+
+    def end_reply(
+        self,
+        state: MessageState,
+        *,
+        text: str | None = None,
+        token_ids: list[int] | None = None,
+        stats: ReplyStats | None = None,
+        error: str | None = None,
+    ) -> Message:
+        """Close the streaming reply: "complete", "stopped" (kept as far as it got) or "error".
+
+        `text` / `token_ids`, when given, are the engine's final record and
+        replace what the deltas added up to. A complete or stopped reply's ids
+        extend the kept ids; a failed one leaves them as they were.
+        """
+        if state == "streaming":
+            raise ValueError("end_reply needs a final state")
+        message = self._streaming_message()
+        turn = self._turn
+        assert turn is not None
+        if text is not None:
+            message.text = text
+        if token_ids is not None:
+            message.token_ids = list(token_ids)
+        if stats is not None:
+            message.stats = stats
+        message.state = state
+        message.error = error
+        if state != "error":
+            self._adopt_prompt(turn.prompt_ids)
+            self._kept_ids = turn.prompt_ids + message.token_ids
+            self._kept_after[turn.index] = len(self._kept_ids)
+        self._turn = None
+        return message
+
+    def _adopt_prompt(self, prompt_ids: list[int]) -> None:
+        """Forget turn marks the prompt does not extend.
+
+        The prompt starts with the kept ids unless the chat template rewrote
+        earlier turns (or the system prompt changed); then the old marks no
+        longer index into the new kept ids.
+        """
+        for i, mark in enumerate(self._kept_after):
+            if mark is not None and (mark > len(prompt_ids) or prompt_ids[:mark] != self._kept_ids[:mark]):
+                self._kept_after[i] = None
+
+    # -- cutting back and copying ----------------------------------------
+
+    def truncate(self, length: int) -> None:
+        """Keep messages[:length] and the kept ids that cover them."""
+        self._require_idle()
+        if not 0 <= length <= len(self.messages):
+            raise MessageIndexError(f"Cannot keep {length} messages of {len(self.messages)}.")
+        self._kept_ids = self.kept_ids_for(length)
+        del self.messages[length:]
+        del self._kept_after[length:]
+
+    def fork(self, upto_message_index: int) -> Conversation:
+        """A new conversation holding messages[: upto_message_index + 1] and the kept ids that cover them.
+
+        Its next turn starts with those ids, so it reuses the pages this
+        conversation left in the prefix cache.
+        """
+        if not 0 <= upto_message_index < len(self.messages):
+            raise MessageIndexError(
+                f"Message {upto_message_index} does not exist; the conversation has {len(self.messages)}."
+            )
+        if self._turn is not None and upto_message_index >= self._turn.index:
+            raise MessageIndexError("A reply that is still being written cannot be forked; wait for it or stop it.")
+        length = upto_message_index + 1
+        other = Conversation(
+            system_prompt=self.system_prompt,
+            params=self.params,
+            model_id=self.model_id,
+            context_limit=self.context_limit,
+        )
+        other.messages = copy.deepcopy(self.messages[:length])
+        other._kept_after = list(self._kept_after[:length])
+        other._kept_ids = self.kept_ids_for(length)
+        return other
+
+    # -- helpers -------------------------------------------------------------
+
+    def _streaming_message(self) -> Message:
+        if self._turn is None:
+            raise RuntimeError("No reply is being written")
+        return self.messages[self._turn.index]
+
+    def _require_idle(self) -> None:
+        if self._turn is not None:
+            raise RuntimeError("A reply is still being written")

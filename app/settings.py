@@ -1,0 +1,184 @@
+"""The application's settings: defaults in code, one JSON file on disk.
+
+The file lives in the platform's user config folder (platformdirs
+`user_config_dir("Tandem")`), or in `$TANDEM_CONFIG_DIR` when that is set.
+Every key is optional, a missing file means the defaults, and unknown keys
+are ignored (a newer version may have written them). A file that cannot be read, or a value that is not valid,
+never stops the application: the valid values are used, the rest fall back to
+their defaults, the file is kept aside as `settings.json.bad` for the user to
+look at, and `load_warning` says what happened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+from engine.sampling import InvalidSamplingParams, SamplingParams
+
+SETTINGS_FILE_NAME = "settings.json"
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+THEMES = ("system", "light", "dark")
+# The sampling parameters a user sets per pane; the others (stop strings,
+# ignore_eos) are for programs, not people.
+PARAM_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens", "seed")
+
+
+def config_dir() -> Path:
+    """`$TANDEM_CONFIG_DIR` if set, else the platform's config folder for Tandem."""
+    override = os.environ.get("TANDEM_CONFIG_DIR")
+    if override:
+        return Path(override).expanduser()
+    return Path(platformdirs.user_config_dir("Tandem", appauthor=False))
+
+
+def settings_path() -> Path:
+    return config_dir() / SETTINGS_FILE_NAME
+
+
+@dataclass(slots=True)
+class Settings:
+    model: str = "default"  # "default", a model folder or a .gguf file
+    device: str = "auto"
+    dtype: str = "auto"
+    # Engine CPU threads; None leaves it to the engine's policy (which keeps
+    # a core for the GUI thread on a small machine).
+    threads: int | None = None
+    kv_cache_mb: int | None = None  # None: the engine's default KV-cache size
+    default_params: SamplingParams = field(default_factory=SamplingParams)
+    default_system_prompt: str = ""
+    theme: str = "system"
+    # Free-form state the window keeps between runs (geometry, splitter sizes).
+    ui_state: dict[str, Any] = field(default_factory=dict)
+    # Not saved: what went wrong reading the file, for the window to show once.
+    load_warning: str | None = field(default=None, compare=False)
+
+    # -- reading -------------------------------------------------------------
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> Settings:
+        """The settings in `path` (default: `settings_path()`); defaults where absent or invalid."""
+        path = Path(path) if path is not None else settings_path()
+        try:
+            raw_text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return cls()
+        except (OSError, UnicodeDecodeError) as exc:
+            return cls._bad_file(path, f"it cannot be read ({exc})")
+        try:
+            raw = json.loads(raw_text)
+        except json.JSONDecodeError as exc:
+            return cls._bad_file(path, f"it is not valid JSON (line {exc.lineno}: {exc.msg})")
+        if not isinstance(raw, dict):
+            return cls._bad_file(path, "it does not hold a JSON object")
+        settings, problems = cls.from_dict(raw)
+        if problems:
+            kept = _keep_aside(path)
+            settings.load_warning = (
+                f"Some settings in {path} were not valid and the defaults are used for them: "
+                + "; ".join(problems)
+                + (f". The file was kept as {kept}." if kept else ".")
+            )
+        return settings
+
+    @classmethod
+    def _bad_file(cls, path: Path, why: str) -> Settings:
+        kept = _keep_aside(path)
+        settings = cls()
+        settings.load_warning = (
+            f"The settings file {path} was not used because {why}; the defaults are used instead."
+            + (f" The file was kept as {kept}." if kept else "")
+        )
+        return settings
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> tuple[Settings, list[str]]:
+        """Settings from a JSON object, and a description of each value that was not valid."""
+        settings = cls()
+        problems: list[str] = []
+
+        def take(key: str, ok: Any, allowed: str) -> None:
+            if key not in raw:
+                return
+            value = raw[key]
+            if ok(value):
+                setattr(settings, key, value)
+            else:
+                problems.append(f"{key} must be {allowed}, not {value!r}")
+
+        take("model", lambda v: isinstance(v, str) and v != "", "a model name, folder or file")
+        take("device", lambda v: v in DEVICES, " or ".join(DEVICES))
+        take("dtype", lambda v: v in DTYPES, " or ".join(DTYPES))
+        take("threads", lambda v: v is None or (_is_int(v) and v >= 1), "a whole number >= 1 or null")
+        take("kv_cache_mb", lambda v: v is None or (_is_int(v) and v >= 1), "a whole number >= 1 or null")
+        take("default_system_prompt", lambda v: isinstance(v, str), "text")
+        take("theme", lambda v: v in THEMES, " or ".join(THEMES))
+        take("ui_state", lambda v: isinstance(v, dict), "an object")
+
+        params = raw.get("default_params")
+        if params is not None:
+            if not isinstance(params, dict):
+                problems.append(f"default_params must be an object, not {params!r}")
+            else:
+                values: dict[str, Any] = {}
+                for key in PARAM_FIELDS:
+                    if key not in params:
+                        continue
+                    try:  # validate each value on its own, so one bad value costs only itself
+                        SamplingParams(**{key: params[key]})
+                    except (InvalidSamplingParams, TypeError) as exc:
+                        problems.append(f"default_params.{exc}")
+                    else:
+                        values[key] = params[key]
+                settings.default_params = SamplingParams(**values)
+        return settings, problems
+
+    # -- writing ---------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            if f.name == "load_warning":
+                continue
+            value = getattr(self, f.name)
+            if f.name == "default_params":
+                value = {key: getattr(value, key) for key in PARAM_FIELDS}
+            out[f.name] = value
+        return out
+
+    def save(self, path: str | Path | None = None) -> Path:
+        """Write the settings atomically (a crash leaves the old file or the new one, never half of one)."""
+        path = Path(path) if path is not None else settings_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(path.name + ".tmp")
+        temporary.write_text(json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        os.replace(temporary, path)
+        return path
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """The Engine constructor arguments these settings choose."""
+        kwargs: dict[str, Any] = {"model": self.model, "device": self.device, "dtype": self.dtype, "threads": self.threads}
+        if self.kv_cache_mb is not None:
+            kwargs["kv_cache_bytes"] = self.kv_cache_mb * 1024 * 1024
+        return kwargs
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _keep_aside(path: Path) -> Path | None:
+    """Move a settings file the application could not fully use to `<name>.bad`."""
+    bad = path.with_name(path.name + ".bad")
+    try:
+        os.replace(path, bad)
+    except OSError:
+        return None
+    return bad

@@ -1,0 +1,31 @@
+"""Engines for the app-core tests: the tiny random model where content does
+not matter, the default model where it does.
+
+They run on one CPU thread: these tests check behaviour, not speed, and on a
+shared 2-core machine an engine with more threads than free cores was
+measured 8x slower (OpenMP workers waiting on each other).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine import Engine
+
+
+@pytest.fixture
+def tiny_engine(tiny_model_dir: Path) -> Iterator[Engine]:
+    engine = Engine(str(tiny_model_dir), device="cpu", dtype="float32", kv_pages=256, threads=1)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
+def default_engine(default_model_dir: Path) -> Iterator[Engine]:
+    engine = Engine(str(default_model_dir), device="cpu", kv_cache_bytes=256 << 20, threads=1)
+    yield engine
+    engine.close()
+

@@ -1,0 +1,574 @@
+"""The workspace over a real engine: one batched call per broadcast, replies
+routed to their panes, stop/regenerate/edit/fork, and the prefix cache
+reused across turns and forks. No widgets: the events are what a window sees."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.errors import (
+    ContextFullError,
+    EmptyMessageError,
+    EngineNotReadyError,
+    LastPaneError,
+    MessageIndexError,
+    NothingToRegenerateError,
+    PaneBusyError,
+    UnknownPaneError,
+)
+from app.events import (
+    EngineStateChanged,
+    MessageAppended,
+    MessagesTruncated,
+    PaneAdded,
+    PaneClosed,
+    PanesReordered,
+    ReplyDelta,
+    ReplyFinished,
+)
+from app.settings import Settings
+from app.workspace import Workspace
+from engine import Engine, SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
+# A stream that does not end by itself: the random model may emit an end token at any point.
+ENDLESS = SamplingParams(temperature=0.0, max_tokens=1500, ignore_eos=True)
+
+
+class Recorder:
+    """Every event a workspace emits, with the streamed text per (pane, message)."""
+
+    def __init__(self, workspace: Workspace) -> None:
+        self.events: list[Any] = []
+        self.streamed: dict[tuple[int, int], str] = defaultdict(str)
+        workspace.subscribe(self.on_event)
+
+    def on_event(self, event: Any) -> None:
+        self.events.append(event)
+        if isinstance(event, ReplyDelta):
+            self.streamed[event.pane_id, event.index] += event.text
+
+    def of(self, kind: type) -> list[Any]:
+        return [e for e in self.events if isinstance(e, kind)]
+
+
+def pages_below(tokens: int, page_size: int) -> int:
+    """Prompt tokens that full pages of a `tokens`-long sequence cover, when the
+    sequence's last token was never fed (it was sampled, not computed)."""
+    return (tokens - 1) // page_size * page_size
+
+
+def workspace_with(engine: Engine, params: list[SamplingParams]) -> tuple[Workspace, Recorder]:
+    workspace = Workspace(Settings(), engine=engine)
+    recorder = Recorder(workspace)
+    for p in params:
+        pane = workspace.add_pane()
+        workspace.set_params(pane.id, p)
+    return workspace, recorder
+
+
+# -- broadcast -----------------------------------------------------------------
+
+
+def test_broadcast_streams_each_reply_into_its_pane(default_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    batches: list[int] = []
+    start_batch_async = default_engine.start_batch_async
+
+    def counted(prompts: Any, params: Any = None, **sampling: Any) -> Any:
+        batches.append(len(prompts))
+        return start_batch_async(prompts, params, **sampling)
+
+    monkeypatch.setattr(default_engine, "start_batch_async", counted)
+    params = [
+        GREEDY,
+        SamplingParams(temperature=0.9, top_p=0.95, max_tokens=24, seed=7),
+        SamplingParams(temperature=1.2, top_k=40, max_tokens=24, seed=11),
+    ]
+    workspace, recorder = workspace_with(default_engine, params)
+    workspace.set_system_prompt(workspace.panes[2].id, "Answer like a pirate.")
+    text = "Name three fruits."
+
+    async def main() -> None:
+        turn = await workspace.send(text)
+        assert sorted(turn.pane_ids) == sorted(p.id for p in workspace.panes)
+        assert len(turn.request_ids) == 3
+        assert all(p.busy for p in workspace.panes)
+        await turn.wait()
+
+    asyncio.run(main())
+    assert batches == [3]  # one batched engine call for the whole broadcast
+
+    # The same prompts, run to completion without streaming, give the same replies.
+    prompts = [
+        default_engine.tokenizer.encode_chat(
+            ([{"role": "system", "content": "Answer like a pirate."}] if i == 2 else [])
+            + [{"role": "user", "content": text}]
+        )
+        for i in range(3)
+    ]
+    expected = default_engine.generate_outputs(prompts, params)
+    for pane, output in zip(workspace.panes, expected):
+        user, reply = pane.conversation.messages
+        assert (user.role, user.text) == ("user", text)
+        assert reply.role == "assistant" and reply.state == "complete"
+        assert reply.text == output.text
+        assert reply.token_ids == output.token_ids
+        assert recorder.streamed[pane.id, 1] == reply.text
+        assert reply.stats.finish_reason == output.finish_reason
+        assert reply.stats.prompt_tokens == len(output.prompt_token_ids)
+        assert reply.stats.generated_tokens == len(output.token_ids)
+        assert pane.conversation.kept_ids == output.prompt_token_ids + output.token_ids
+        assert not pane.busy
+    # Three different parameter sets really gave three different replies.
+    assert len({p.conversation.messages[1].text for p in workspace.panes}) == 3
+    # Every delta went to a pane's reply message, and each reply finished once.
+    assert {(e.pane_id, e.index) for e in recorder.of(ReplyDelta)} == {(p.id, 1) for p in workspace.panes}
+    assert sorted((e.pane_id, e.index) for e in recorder.of(ReplyFinished)) == sorted(
+        (p.id, 1) for p in workspace.panes
+    )
+    assert default_engine.stats().pages_used == 0
+
+
+def test_send_to_selected_panes_only(tiny_engine: Engine) -> None:
+    workspace, recorder = workspace_with(tiny_engine, [SamplingParams(temperature=0, max_tokens=4)] * 3)
+    first, second, third = workspace.panes
+
+    async def main() -> None:
+        await (await workspace.send("hello", targets=[third.id, first.id])).wait()
+
+    asyncio.run(main())
+    assert len(first.conversation.messages) == 2 and len(third.conversation.messages) == 2
+    assert second.conversation.messages == []
+    assert {e.pane_id for e in recorder.of(MessageAppended)} == {first.id, third.id}
+
+
+# -- stop ----------------------------------------------------------------------
+
+
+def test_stop_keeps_partial_replies_and_frees_every_page(tiny_engine: Engine) -> None:
+    workspace, recorder = workspace_with(tiny_engine, [ENDLESS, ENDLESS])
+    deltas: dict[int, int] = defaultdict(int)
+
+    def stop_after_three(event: Any) -> None:
+        if isinstance(event, ReplyDelta):
+            deltas[event.pane_id] += 1
+            if sum(deltas.values()) == 6:
+                workspace.stop()  # every running reply
+
+    workspace.subscribe(stop_after_three)
+
+    async def main() -> None:
+        turn = await workspace.send("Tell me a long story.")
+        await turn.wait()
+
+    asyncio.run(main())
+    for pane in workspace.panes:
+        reply = pane.conversation.messages[1]
+        assert reply.state == "stopped"
+        assert reply.stats.finish_reason == "abort"
+        assert 0 < len(reply.token_ids) < ENDLESS.max_tokens
+        assert reply.stats.generated_tokens == len(reply.token_ids)
+        assert recorder.streamed[pane.id, 1] == reply.text
+        assert not pane.busy
+        # The partial reply is part of the conversation: the next turn builds on it.
+        assert pane.conversation.kept_ids[-len(reply.token_ids) :] == reply.token_ids
+    assert tiny_engine.stats().pages_used == 0
+
+
+def test_stop_one_pane_lets_the_others_finish(tiny_engine: Engine) -> None:
+    short = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    workspace, recorder = workspace_with(tiny_engine, [ENDLESS, short])
+    endless, finishing = workspace.panes
+
+    def stop_endless(event: Any) -> None:
+        if isinstance(event, ReplyDelta) and event.pane_id == endless.id:
+            workspace.stop(endless.id)
+
+    workspace.subscribe(stop_endless)
+
+    async def main() -> None:
+        await (await workspace.send("go")).wait()
+
+    asyncio.run(main())
+    assert endless.conversation.messages[1].state == "stopped"
+    assert finishing.conversation.messages[1].state == "complete"
+    assert len(finishing.conversation.messages[1].token_ids) == 12
+    assert tiny_engine.stats().pages_used == 0
+
+
+# -- refusals --------------------------------------------------------------------
+
+
+def test_busy_pane_refuses_a_new_message(tiny_engine: Engine) -> None:
+    workspace, recorder = workspace_with(tiny_engine, [ENDLESS, ENDLESS, GREEDY])
+    first, second, idle = workspace.panes
+
+    async def main() -> None:
+        turn = await workspace.send("one", targets=[first.id, second.id])
+        with pytest.raises(PaneBusyError) as refused:
+            await workspace.send("two", targets=[idle.id, second.id])
+        assert refused.value.pane_ids == [second.id]
+        assert second.title in str(refused.value)
+        # Nothing was queued for the idle pane of the refused broadcast.
+        assert idle.conversation.messages == []
+        with pytest.raises(PaneBusyError):
+            await workspace.regenerate(first.id)
+        with pytest.raises(PaneBusyError):
+            await workspace.edit_and_resend(first.id, 0, "edited")
+        # An idle pane still takes a message while others stream.
+        other = await workspace.send("three", targets=[idle.id])
+        await other.wait()
+        workspace.stop()
+        await turn.wait()
+
+    asyncio.run(main())
+    assert [m.text for m in second.conversation.messages][:1] == ["one"]
+    assert len(second.conversation.messages) == 2
+    assert idle.conversation.messages[0].text == "three"
+    assert tiny_engine.stats().pages_used == 0
+
+
+def test_refusals_leave_every_pane_unchanged(tiny_engine: Engine) -> None:
+    workspace, recorder = workspace_with(tiny_engine, [GREEDY, SamplingParams(max_tokens=2048)])
+    small, huge = workspace.panes
+
+    async def main() -> None:
+        with pytest.raises(ContextFullError) as too_long:
+            await workspace.send("hi")
+        assert huge.title in str(too_long.value)
+        with pytest.raises(EmptyMessageError):
+            await workspace.send("   ")
+        with pytest.raises(UnknownPaneError):
+            await workspace.send("hi", targets=[999])
+        with pytest.raises(NothingToRegenerateError):
+            await workspace.regenerate(small.id)
+        with pytest.raises(MessageIndexError):
+            await workspace.edit_and_resend(small.id, 0, "x")
+
+    asyncio.run(main())
+    assert small.conversation.messages == [] and huge.conversation.messages == []
+    assert not recorder.of(MessageAppended)
+
+
+def test_sending_without_an_engine() -> None:
+    workspace = Workspace(Settings())
+    workspace.add_pane()
+    with pytest.raises(EngineNotReadyError) as refused:
+        asyncio.run(workspace.send("hi"))
+    assert "load" in str(refused.value)
+
+
+# -- turns, regenerate, edit, fork -----------------------------------------------
+
+
+def test_second_turn_reuses_the_first_turns_pages(default_engine: Engine) -> None:
+    workspace, _ = workspace_with(default_engine, [SamplingParams(temperature=0, max_tokens=40)])
+    (pane,) = workspace.panes
+    conversation = pane.conversation
+    page_size = default_engine.stats().page_size
+
+    async def main() -> None:
+        await (await workspace.send("Write one sentence about the sea.")).wait()
+        first_kept = conversation.kept_ids
+        await (await workspace.send("And one about mountains.")).wait()
+        reply = conversation.messages[3]
+        assert reply.state == "complete"
+        second_prompt = conversation.kept_ids[: reply.stats.prompt_tokens]
+        assert second_prompt[: len(first_kept)] == first_kept
+        assert reply.stats.cached_prompt_tokens >= pages_below(len(first_kept), page_size)
+        # The pages of the first reply's own tokens were reused, not just its prompt's.
+        assert reply.stats.cached_prompt_tokens > conversation.messages[1].stats.prompt_tokens
+
+    asyncio.run(main())
+
+
+def test_regenerate_replaces_the_last_reply(default_engine: Engine) -> None:
+    workspace, recorder = workspace_with(default_engine, [SamplingParams(temperature=0, max_tokens=20)])
+    (pane,) = workspace.panes
+    conversation = pane.conversation
+    page_size = default_engine.stats().page_size
+
+    async def main() -> None:
+        await (await workspace.send("What is a cat?")).wait()
+        first = conversation.messages[1]
+        prompt = conversation.kept_ids[: first.stats.prompt_tokens]
+
+        await (await workspace.regenerate(pane.id)).wait()
+        assert MessagesTruncated(pane.id, 1) in recorder.events
+        assert [m.role for m in conversation.messages] == ["user", "assistant"]
+        again = conversation.messages[1]
+        assert again is not first
+        assert again.text == first.text  # greedy: the same prompt gives the same reply
+        assert again.stats.cached_prompt_tokens >= pages_below(len(prompt) + 1, page_size)
+
+        sampled = SamplingParams(temperature=1.0, max_tokens=20, seed=3)
+        workspace.set_params(pane.id, sampled)
+        await (await workspace.regenerate(pane.id)).wait()
+        assert len(conversation.messages) == 2
+        (expected,) = default_engine.generate_outputs([prompt], sampled)
+        assert conversation.messages[1].text == expected.text
+        assert conversation.kept_ids == prompt + expected.token_ids
+
+    asyncio.run(main())
+
+
+def test_edit_and_resend_replaces_the_message_and_what_follows(default_engine: Engine) -> None:
+    workspace, recorder = workspace_with(default_engine, [SamplingParams(temperature=0, max_tokens=16)])
+    (pane,) = workspace.panes
+    conversation = pane.conversation
+    tokenizer = default_engine.tokenizer
+
+    async def main() -> None:
+        await (await workspace.send("Say hello.")).wait()
+        after_first = conversation.kept_ids
+        await (await workspace.send("Say goodbye.")).wait()
+        assert len(conversation.messages) == 4
+
+        with pytest.raises(MessageIndexError):
+            await workspace.edit_and_resend(pane.id, 1, "not mine")  # a reply is not the user's to edit
+
+        await (await workspace.edit_and_resend(pane.id, 2, "Say thanks.")).wait()
+        assert MessagesTruncated(pane.id, 2) in recorder.events
+        assert [m.text for m in conversation.messages[:3]] == [
+            "Say hello.", conversation.messages[1].text, "Say thanks."
+        ]
+        expected_prompt = tokenizer.encode_next_turn(
+            after_first, conversation.chat_messages(upto=2, user_text="Say thanks.")
+        )
+        (expected,) = default_engine.generate_outputs([expected_prompt], conversation.params)
+        reply = conversation.messages[3]
+        assert reply.text == expected.text
+        assert conversation.kept_ids == expected_prompt + expected.token_ids
+        assert conversation.kept_ids[: len(after_first)] == after_first
+
+        await (await workspace.edit_and_resend(pane.id, 0, "Say yes.")).wait()
+        assert [m.text for m in conversation.messages][:1] == ["Say yes."]
+        assert len(conversation.messages) == 2
+        (fresh,) = default_engine.generate_outputs(
+            [tokenizer.encode_chat([{"role": "user", "content": "Say yes."}])], conversation.params
+        )
+        assert conversation.messages[1].text == fresh.text
+
+    asyncio.run(main())
+
+
+def test_fork_reuses_the_shared_prefix(default_engine: Engine) -> None:
+    workspace, recorder = workspace_with(default_engine, [SamplingParams(temperature=0, max_tokens=16)] * 2)
+    source, neighbour = workspace.panes
+    page_size = default_engine.stats().page_size
+
+    async def main() -> None:
+        await (await workspace.send("Name a planet.", targets=[source.id])).wait()
+        shared = source.conversation.kept_ids
+        await (await workspace.send("Name a star.", targets=[source.id])).wait()
+        source_messages = [m.text for m in source.conversation.messages]
+
+        fork = workspace.fork_pane(source.id, 1)
+        assert [p.id for p in workspace.panes] == [source.id, fork.id, neighbour.id]
+        assert recorder.of(PaneAdded)[-1].pane is fork
+        assert [m.text for m in fork.conversation.messages] == source_messages[:2]
+        assert fork.conversation.kept_ids == shared
+        assert fork.conversation.params == source.conversation.params
+
+        computed_before = default_engine.stats().prompt_tokens_computed
+        await (await workspace.send("Name a moon.", targets=[fork.id])).wait()
+        reply = fork.conversation.messages[3]
+        assert fork.conversation.kept_ids[: len(shared)] == shared
+        # The fork's prompt starts with the source's first turn, and those
+        # pages came from the prefix cache instead of being computed again.
+        assert reply.stats.cached_prompt_tokens >= pages_below(len(shared), page_size)
+        computed = default_engine.stats().prompt_tokens_computed - computed_before
+        assert computed == reply.stats.prompt_tokens - reply.stats.cached_prompt_tokens
+        # The source is untouched.
+        assert [m.text for m in source.conversation.messages] == source_messages
+
+        # Forking at a user message and regenerating answers it exactly as the source did.
+        at_question = workspace.fork_pane(source.id, 2)
+        assert len(at_question.conversation.messages) == 3
+        await (await workspace.regenerate(at_question.id)).wait()
+        assert at_question.conversation.messages[3].text == source_messages[3]
+        assert at_question.conversation.kept_ids == source.conversation.kept_ids
+
+    asyncio.run(main())
+
+
+# -- panes -------------------------------------------------------------------------
+
+
+def test_pane_management(tiny_engine: Engine) -> None:
+    settings = Settings(default_params=SamplingParams(temperature=0.4, max_tokens=64), default_system_prompt="Hi.")
+    workspace = Workspace(settings, engine=tiny_engine)
+    recorder = Recorder(workspace)
+    a = workspace.add_pane()
+    b = workspace.add_pane()
+    c = workspace.add_pane(after=a.id)
+    assert [p.id for p in workspace.panes] == [a.id, c.id, b.id]
+    assert len({a.id, b.id, c.id}) == 3
+    assert c.conversation.params == settings.default_params
+    assert c.conversation.system_prompt == "Hi."
+    assert c.conversation.context_limit == tiny_engine.max_context
+
+    workspace.move_pane(b.id, 0)
+    assert recorder.of(PanesReordered)[-1].order == [b.id, a.id, c.id]
+    with pytest.raises(IndexError):
+        workspace.move_pane(b.id, 3)
+
+    workspace.close_pane(a.id)
+    assert PaneClosed(a.id) in recorder.events
+    with pytest.raises(UnknownPaneError):
+        workspace.pane(a.id)
+    workspace.close_pane(b.id)
+    with pytest.raises(LastPaneError):
+        workspace.close_pane(c.id)
+    # Ids are never reused.
+    assert workspace.add_pane().id not in {a.id, b.id, c.id}
+
+
+def test_a_failing_listener_does_not_stop_the_others(tiny_engine: Engine) -> None:
+    workspace, recorder = workspace_with(tiny_engine, [SamplingParams(temperature=0, max_tokens=5)])
+    (pane,) = workspace.panes
+
+    def broken(event: Any) -> None:
+        raise RuntimeError("a view's bug")
+
+    workspace.subscribe(broken)
+    late = Recorder(workspace)
+    dropped: list[Any] = []
+    unsubscribe = workspace.subscribe(dropped.append)
+    unsubscribe()
+
+    async def main() -> None:
+        await (await workspace.send("hi")).wait()
+
+    asyncio.run(main())
+    assert pane.conversation.messages[1].state == "complete"
+    assert late.of(ReplyFinished) == [ReplyFinished(pane.id, 1)]
+    assert dropped == []
+
+    workspace.clear_pane(pane.id)
+    assert pane.conversation.messages == [] and pane.conversation.kept_ids == []
+    assert late.events[-1] == MessagesTruncated(pane.id, 0)
+
+
+def test_closing_a_streaming_pane_stops_its_reply(tiny_engine: Engine) -> None:
+    workspace, recorder = workspace_with(tiny_engine, [ENDLESS, SamplingParams(temperature=0, max_tokens=6)])
+    closing, staying = workspace.panes
+
+    async def main() -> None:
+        turn = await workspace.send("go")
+        workspace.close_pane(closing.id)
+        closed_at = len(recorder.events)
+        await turn.wait()
+        assert all(getattr(e, "pane_id", None) != closing.id for e in recorder.events[closed_at:])
+
+    asyncio.run(main())
+    assert staying.conversation.messages[1].state == "complete"
+    assert closing.conversation.messages[1].state == "stopped"
+    assert tiny_engine.stats().pages_used == 0
+
+
+# -- engine lifetime ----------------------------------------------------------------
+
+
+def tiny_settings(tiny_model_dir: Path, **overrides: Any) -> Settings:
+    values: dict[str, Any] = dict(model=str(tiny_model_dir), device="cpu", dtype="float32", kv_cache_mb=8, threads=1)
+    values.update(overrides)
+    return Settings(**values)
+
+
+def test_load_engine_reports_progress_without_blocking_the_loop(tiny_model_dir: Path) -> None:
+    workspace = Workspace(tiny_settings(tiny_model_dir))
+    recorder = Recorder(workspace)
+    pane = workspace.add_pane()
+    assert workspace.engine_state == "unloaded"
+    ticks = 0
+
+    async def ticker(stop: asyncio.Event) -> None:
+        nonlocal ticks
+        while not stop.is_set():
+            ticks += 1
+            await asyncio.sleep(0.001)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        ticking = asyncio.create_task(ticker(stop))
+        await asyncio.sleep(0)
+        before = ticks
+        assert await workspace.load_engine()
+        loaded_at = ticks
+        stop.set()
+        await ticking
+        # The loop ran other work while the model loaded.
+        assert loaded_at > before
+        turn = await workspace.send("hi")
+        await turn.wait()
+        await workspace.shutdown()
+
+    asyncio.run(main())
+    states = [e.state for e in recorder.of(EngineStateChanged)]
+    assert states[0] == "loading" and states[-2:] == ["ready", "closed"]
+    stages = [e.progress.stage for e in recorder.of(EngineStateChanged) if e.progress is not None]
+    assert "weights" in stages
+    assert pane.conversation.context_limit == 2048
+    assert pane.conversation.messages[1].state == "complete"
+
+
+def test_load_failure_is_reported(tmp_path: Path) -> None:
+    workspace = Workspace(Settings(model=str(tmp_path / "missing-model"), device="cpu"))
+    workspace.add_pane()
+    recorder = Recorder(workspace)
+
+    async def main() -> None:
+        assert not await workspace.load_engine()
+        with pytest.raises(EngineNotReadyError) as refused:
+            await workspace.send("hi")
+        assert "missing-model" in str(refused.value)
+
+    asyncio.run(main())
+    assert workspace.engine_state == "error"
+    assert "missing-model" in workspace.load_error
+    assert recorder.of(EngineStateChanged)[-1].error == workspace.load_error
+
+
+def test_shutdown_while_streaming_keeps_partial_replies(tiny_model_dir: Path) -> None:
+    workspace = Workspace(tiny_settings(tiny_model_dir, default_params=ENDLESS))
+    for _ in range(3):
+        workspace.add_pane()
+
+    async def main() -> None:
+        assert await workspace.load_engine()
+        first_delta = asyncio.Event()
+        workspace.subscribe(lambda e: isinstance(e, ReplyDelta) and first_delta.set())
+        turn = await workspace.send("go")
+        await first_delta.wait()
+        await workspace.shutdown()
+        assert turn.done
+        with pytest.raises(EngineNotReadyError):
+            await workspace.send("again")
+
+    asyncio.run(main())
+    assert workspace.engine_state == "closed"
+    for pane in workspace.panes:
+        assert not pane.busy
+        assert pane.conversation.messages[1].state == "stopped"
+
+
+def test_shutdown_while_loading_cancels_the_load(tiny_model_dir: Path) -> None:
+    workspace = Workspace(tiny_settings(tiny_model_dir))
+    workspace.add_pane()
+
+    async def main() -> bool:
+        loading = asyncio.create_task(workspace.load_engine())
+        await asyncio.sleep(0)  # the load has started on its thread
+        assert workspace.engine_state == "loading"
+        await workspace.shutdown()
+        return await loading
+
+    assert asyncio.run(main()) is False
+    assert workspace.engine_state == "closed"
+    assert workspace.engine is None
