@@ -18,7 +18,7 @@ def test_readme_has_exactly_two_setup_commands() -> None:
     commands = _readme_commands()
     assert len(commands) == 2
     run, test = commands
-    assert run.startswith("python3 -m venv .venv") and "engine" in run
+    assert run.startswith("python3 -m venv .venv") and run.endswith(".venv/bin/tandem")
     assert test.startswith("python3 -m venv .venv") and "pytest" in test
 
 

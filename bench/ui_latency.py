@@ -1,0 +1,190 @@
+"""GUI responsiveness while three panes stream, and what the window costs the engine.
+
+    QT_QPA_PLATFORM=offscreen .venv/bin/python bench/ui_latency.py [--new-tokens 512]
+
+The real window (offscreen), three panes, one broadcast of a greedy reply of
+--new-tokens tokens each (ignore_eos, so every reply runs its full length).
+A 10 ms QTimer on the GUI thread records when it fires; the gaps between its
+ticks while the replies stream say how long the GUI thread was ever kept
+from its events (by rendering, by the event hand-off, by the engine's
+threads competing for the cores). The same three requests also run without
+the window, before and after, on the same engine: the decode rate with the
+window against the mean of those two is the window's cost to the engine.
+
+Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+from bench.common import machine  # noqa: E402
+
+PROMPT = "Tell me a long story about a lighthouse keeper and a storm."
+TICK_MS = 10
+
+
+def decode_rate(replies: list[tuple[int, float, float]]) -> float:
+    """(generated tokens, ttft_s, elapsed_s) of replies started together -> tokens/s after the first token."""
+    tokens = sum(n - 1 for n, _, _ in replies)
+    span = max(elapsed - ttft for _, ttft, elapsed in replies)
+    return tokens / span if span > 0 else 0.0
+
+
+def run_alone(engine: Any, prompts: list[list[int]], params: Any) -> float:
+    engine.reset_prefix_cache()
+    outputs = engine.generate_outputs(prompts, params=params)
+    replies = []
+    for out in outputs:
+        m = out.metrics
+        replies.append((len(out.token_ids), m.first_token_time - m.arrival_time, m.finish_time - m.arrival_time))
+    return decode_rate(replies)
+
+
+def run_with_window(engine: Any, settings: Any, panes: int) -> dict[str, Any]:
+    import qasync
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QApplication
+
+    from app.workspace import Workspace
+    from ui.main_window import MainWindow
+    from ui.theme import apply_theme
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    apply_theme(app, "light")
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    workspace = Workspace(settings, engine=engine)
+    for _ in range(panes):
+        workspace.add_pane()
+    window = MainWindow(workspace, settings, version="bench", save_settings=False)
+    window.resize(1280, 800)
+    window.show()
+    ticks: list[float] = []
+    streaming = False
+
+    def tick() -> None:
+        if streaming:
+            ticks.append(time.perf_counter())
+
+    # The window's own work per frame (re-rendering what streamed in), timed
+    # apart from the gaps, which also count time the OS gave other threads.
+    flushes: list[float] = []
+    flush = window._flush_panes
+
+    def timed_flush() -> None:
+        start = time.perf_counter()
+        flush()
+        flushes.append((time.perf_counter() - start) * 1000)
+
+    window._frame_timer.timeout.disconnect()
+    window._frame_timer.timeout.connect(timed_flush)
+
+    timer = QTimer()
+    timer.setInterval(TICK_MS)
+    timer.timeout.connect(tick)
+
+    async def scenario() -> None:
+        nonlocal streaming
+        await asyncio.sleep(0.5)  # first layout and paint out of the way
+        engine.reset_prefix_cache()
+        timer.start()
+        streaming = True
+        window.composer.edit.setPlainText(PROMPT)
+        window.composer.send_button.click()
+        while not all(p.conversation.messages and p.conversation.messages[-1].role == "assistant"
+                      and not p.busy for p in workspace.panes):
+            await asyncio.sleep(0.05)
+        streaming = False
+        timer.stop()
+
+    with loop:
+        loop.run_until_complete(scenario())
+        replies = []
+        for pane in workspace.panes:
+            stats = pane.conversation.messages[-1].stats
+            replies.append((stats.generated_tokens, stats.ttft_s, stats.elapsed_s))
+        window.hide()
+    timed = [((b - a) * 1000, a - ticks[0]) for a, b in zip(ticks, ticks[1:])]
+    worst_at = max(timed)[1] if timed else None
+    gaps = sorted(gap for gap, _ in timed)
+    return {
+        "worst_at_s": worst_at,
+        "rate": decode_rate(replies),
+        "gaps": gaps,
+        "generated": [n for n, _, _ in replies],
+        "flushes": sorted(flushes),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--new-tokens", type=int, default=512)
+    parser.add_argument("--panes", type=int, default=3)
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--threads", type=int, default=None, help="engine CPU threads (default: the engine's policy)")
+    args = parser.parse_args()
+
+    from app.conversation import Conversation
+    from app.settings import Settings
+    from engine import Engine, SamplingParams
+
+    settings = Settings(model=args.model, device=args.device, dtype=args.dtype, threads=args.threads)
+    settings.default_params = dataclasses.replace(
+        SamplingParams(), temperature=0.0, max_tokens=args.new_tokens, ignore_eos=True, seed=None
+    )
+    engine = Engine(**settings.engine_kwargs())
+    # The very prompt each pane sends: same ids, same work, with or without the window.
+    prompt = Conversation(system_prompt=settings.default_system_prompt).next_prompt(engine.tokenizer, user_text=PROMPT)
+    prompts = [prompt] * args.panes
+    params = settings.default_params
+    engine.generate_outputs([prompt], params=dataclasses.replace(params, max_tokens=8))  # warm-up
+
+    alone_before = run_alone(engine, prompts, params)
+    ui = run_with_window(engine, settings, args.panes)
+    alone_after = run_alone(engine, prompts, params)
+    alone = (alone_before + alone_after) / 2
+    gaps = ui["gaps"]
+    stats = engine.stats()
+    result = {
+        "worst_gui_gap_ms": round(gaps[-1], 1) if gaps else None,
+        "p99_gui_gap_ms": round(gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))], 1) if gaps else None,
+        "worst_gap_at_s": round(ui["worst_at_s"], 2) if ui["worst_at_s"] is not None else None,
+        "p50_gui_gap_ms": round(statistics.median(gaps), 1) if gaps else None,
+        "ticks": len(gaps) + 1 if gaps else 0,
+        "engine_decode_tok_s_alone": round(alone, 1),
+        "engine_decode_tok_s_alone_runs": [round(alone_before, 1), round(alone_after, 1)],
+        "engine_decode_tok_s_with_ui": round(ui["rate"], 1),
+        "ui_cost_pct": round(100 * (1 - ui["rate"] / alone), 1) if alone else None,
+        "frame_render_ms_p50": round(statistics.median(ui["flushes"]), 2) if ui["flushes"] else None,
+        "frame_render_ms_max": round(ui["flushes"][-1], 2) if ui["flushes"] else None,
+        "frames": len(ui["flushes"]),
+        "panes": args.panes,
+        "new_tokens": args.new_tokens,
+        "generated_with_ui": ui["generated"],
+        "device": stats.device,
+        "dtype": stats.dtype,
+        "engine_threads": args.threads,
+        "machine": machine(),
+        "os_cpus": os.cpu_count(),
+    }
+    engine.close()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""The composer: one message box, which panes receive it, Send and Stop."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QKeyEvent
+from PySide6.QtWidgets import (
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QPushButton,
+    QSizePolicy,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+
+class MessageEdit(QPlainTextEdit):
+    """Enter adds a line; Ctrl+Enter sends."""
+
+    send_requested = Signal()
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802
+        if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and (
+            event.modifiers() & Qt.KeyboardModifier.ControlModifier
+        ):
+            self.send_requested.emit()
+            return
+        super().keyPressEvent(event)
+
+
+class Composer(QWidget):
+    send_requested = Signal(str, list)  # (text, target pane ids)
+    stop_requested = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(6, 4, 6, 4)
+        layout.setSpacing(4)
+
+        targets = QHBoxLayout()
+        targets.setSpacing(4)
+        self.to_label = QLabel("Send to:", self)
+        targets.addWidget(self.to_label)
+        self._chip_row = QHBoxLayout()
+        self._chip_row.setSpacing(4)
+        targets.addLayout(self._chip_row)
+        targets.addStretch(1)
+        self._targets_row = targets
+        self.notice = QLabel(self)
+        self.notice.setObjectName("composerNotice")
+        self.notice.setWordWrap(True)
+        self.notice.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
+        self.notice.hide()
+        layout.addLayout(targets)
+        layout.addWidget(self.notice)
+
+        row = QHBoxLayout()
+        self.edit = MessageEdit(self)
+        self.edit.setPlaceholderText("Message every selected pane…  (Ctrl+Enter sends)")
+        self.edit.setTabChangesFocus(True)
+        lines = self.edit.fontMetrics().lineSpacing()
+        self.edit.setFixedHeight(lines * 3 + 14)
+        self.edit.send_requested.connect(self.send)
+        row.addWidget(self.edit, 1)
+        buttons = QVBoxLayout()
+        self.send_button = QPushButton("Send", self)
+        self.send_button.setToolTip("Send to the selected panes (Ctrl+Enter)")
+        self.send_button.clicked.connect(self.send)
+        self.stop_button = QPushButton("Stop", self)
+        self.stop_button.setToolTip("Stop every running reply (Esc)")
+        self.stop_button.clicked.connect(self.stop_requested)
+        self.stop_button.setEnabled(False)
+        buttons.addWidget(self.send_button)
+        buttons.addWidget(self.stop_button)
+        row.addLayout(buttons)
+        layout.addLayout(row)
+
+        self._chips: dict[int, QToolButton] = {}
+        self._notice_timer = QTimer(self)
+        self._notice_timer.setSingleShot(True)
+        self._notice_timer.timeout.connect(self.notice.hide)
+        self._ready = False
+        self._sending = False
+        self.set_ready(False)
+
+    # -- targets -------------------------------------------------------------
+
+    def add_to_target_row(self, widget: QWidget) -> None:
+        """Put `widget` at the right end of the "Send to" row (the window's "+ Pane")."""
+        self._targets_row.addWidget(widget)
+
+    def set_panes(self, panes: list[tuple[int, str]]) -> None:
+        """Chips for (pane id, label) in display order; new panes start selected."""
+        keep = {pid for pid, _ in panes}
+        for pid in list(self._chips):
+            if pid not in keep:
+                chip = self._chips.pop(pid)
+                self._chip_row.removeWidget(chip)
+                chip.deleteLater()
+        for pid, label in panes:
+            chip = self._chips.get(pid)
+            if chip is None:
+                chip = QToolButton(self)
+                chip.setCheckable(True)
+                chip.setChecked(True)
+                chip.setObjectName(f"target{pid}")
+                chip.toggled.connect(lambda _on, c=chip: self._label_chip(c))
+                self._chips[pid] = chip
+            chip.setProperty("paneLabel", label)
+            self._label_chip(chip)
+            self._chip_row.removeWidget(chip)
+        for pid, _ in panes:
+            self._chip_row.addWidget(self._chips[pid])
+
+    @staticmethod
+    def _label_chip(chip: QToolButton) -> None:
+        # The check mark makes the choice readable whatever the style draws for "checked".
+        label = chip.property("paneLabel") or ""
+        chip.setText(("✓ " if chip.isChecked() else "") + label)
+        chip.setToolTip(f"{label} {'receives' if chip.isChecked() else 'does not receive'} the message; click to change")
+
+    def chip(self, pane_id: int) -> QToolButton:
+        return self._chips[pane_id]
+
+    def targets(self) -> list[int]:
+        order = [self._chip_row.itemAt(i).widget() for i in range(self._chip_row.count())]
+        return [pid for w in order for pid, chip in self._chips.items() if chip is w and chip.isChecked()]
+
+    def set_targets(self, pane_ids: list[int]) -> None:
+        for pid, chip in self._chips.items():
+            chip.setChecked(pid in pane_ids)
+
+    def toggle_target(self, position: int) -> None:
+        """Toggle the chip at display position `position` (0-based)."""
+        if 0 <= position < self._chip_row.count():
+            self._chip_row.itemAt(position).widget().toggle()
+
+    # -- state ---------------------------------------------------------------
+
+    def set_ready(self, ready: bool) -> None:
+        self._ready = ready
+        self.edit.setReadOnly(not ready)
+        self.send_button.setEnabled(ready and not self._sending)
+        if not ready:
+            self.edit.setPlaceholderText("The model is loading; you can type once it is ready…")
+        else:
+            self.edit.setPlaceholderText("Message every selected pane…  (Ctrl+Enter sends)")
+
+    def set_sending(self, sending: bool) -> None:
+        self._sending = sending
+        self.send_button.setEnabled(self._ready and not sending)
+
+    def set_streaming(self, streaming: bool) -> None:
+        self.stop_button.setEnabled(streaming)
+
+    def show_notice(self, text: str, seconds: float = 8.0) -> None:
+        """A visible, temporary explanation (why a message was refused)."""
+        self.notice.setText(text)
+        self.notice.show()
+        self._notice_timer.start(int(seconds * 1000))
+
+    def send(self) -> None:
+        if not self._ready or self._sending:
+            if not self._ready:
+                self.show_notice("The model is still loading; the message was not sent.")
+            return
+        self.send_requested.emit(self.edit.toPlainText(), self.targets())
+
+    def clear(self) -> None:
+        self.edit.clear()

@@ -1,0 +1,136 @@
+"""`tandem`: open the window.
+
+The window appears at once; the model loads behind it (with progress) and
+the message box becomes usable when it is ready. `--smoke-test OUT.png` runs
+the real app end to end for packaging and CI (see ui/smoke.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import signal
+import sys
+from importlib import metadata
+from typing import Any
+
+
+def version() -> str:
+    try:
+        return metadata.version("tandem")
+    except metadata.PackageNotFoundError:
+        return "0.1.0"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="tandem",
+        description="Tandem: local language models in several side-by-side conversations.",
+        epilog="Settings are kept in the user config folder ($TANDEM_CONFIG_DIR overrides it); "
+        "options given here apply to this run only.",
+    )
+    parser.add_argument("--model", help="a model folder, a .gguf file, or 'default' (SmolLM2-135M-Instruct)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), help="where the model runs (default: auto)")
+    parser.add_argument(
+        "--dtype", choices=("auto", "float32", "bfloat16", "float16"), help="weights' precision (default: auto)"
+    )
+    parser.add_argument("--threads", type=int, metavar="N", help="engine CPU threads (default: the engine's policy)")
+    parser.add_argument("--panes", type=int, default=2, metavar="N", help="panes to open with (default: 2)")
+    parser.add_argument(
+        "--theme", choices=("system", "light", "dark"), help="colours (default: the saved choice, else the system's)"
+    )
+    parser.add_argument(
+        "--smoke-test",
+        metavar="OUT.png",
+        help="open two panes, send one prompt to both on the model, save a screenshot to OUT.png and exit "
+        "(0 on success; otherwise one line says why). Never touches your saved settings.",
+    )
+    parser.add_argument("--version", action="version", version=f"tandem {version()}")
+    args = parser.parse_args(argv)
+    if args.threads is not None and args.threads < 1:
+        parser.error("--threads must be at least 1")
+    if not 1 <= args.panes <= 12:
+        parser.error("--panes must be between 1 and 12")
+    return args
+
+
+def _run_settings(saved: Any, args: argparse.Namespace) -> Any:
+    """The saved settings with this run's command-line choices on top (not saved back)."""
+    overrides = {k: v for k, v in (("model", args.model), ("device", args.device), ("dtype", args.dtype),
+                                   ("threads", args.threads), ("theme", args.theme)) if v is not None}
+    return dataclasses.replace(saved, **overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.smoke_test:
+        from ui.smoke import run_smoke_test
+
+        return run_smoke_test(args)
+
+    # Ctrl+C in the terminal: during start-up, stop before the window opens;
+    # once it is open, close it the normal way (replies stopped, engine closed).
+    interrupted = False
+    window: Any = None
+
+    def on_interrupt(*_: object) -> None:
+        nonlocal interrupted
+        interrupted = True
+        if window is not None:
+            QTimer.singleShot(0, window.close)
+
+    signal.signal(signal.SIGINT, on_interrupt)
+
+    # Imported after parsing, so `--help` answers at once.
+    import qasync
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QApplication
+
+    from app.settings import Settings
+    from app.workspace import Workspace
+    from ui.main_window import MainWindow
+    from ui.theme import apply_theme
+
+    saved = Settings.load()
+    settings = _run_settings(saved, args)
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setApplicationName("Tandem")
+    app.setApplicationVersion(version())
+    apply_theme(app, settings.theme)
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+
+    workspace = Workspace(settings)
+    for _ in range(args.panes):
+        workspace.add_pane()
+    window = MainWindow(workspace, saved, engine_settings=settings, version=version())
+    if not (saved.ui_state or {}).get("geometry"):
+        window.resize(1280, 800)
+
+    if interrupted:
+        return 130
+
+    async def run() -> None:
+        closed = asyncio.Event()
+        window.closed.connect(closed.set)
+        window.show()
+        window.load_engine()
+        if interrupted:
+            window.close()
+        await closed.wait()
+        await asyncio.sleep(0)  # let the tasks the window cancelled finish cancelling
+
+    # Python runs signal handlers only between bytecodes: a timer wakes it
+    # regularly while Qt waits for events.
+    wake = QTimer()
+    wake.start(250)
+    wake.timeout.connect(lambda: None)
+    with loop:
+        loop.run_until_complete(run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

@@ -1,0 +1,292 @@
+"""One conversation pane: header, messages, context meter.
+
+The pane never renders on every delta: `mark_dirty` records what changed and
+the window's frame timer calls `flush` at most ~30 times a second, which
+re-renders only the messages that changed (while a reply streams: that one
+reply, and within it only its last Markdown block).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtCore import QEvent, Qt, Signal
+from PySide6.QtGui import QFont, QPalette
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QProgressBar,
+    QScrollArea,
+    QSizePolicy,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from ui.message_view import MessageView
+from ui.pane_settings import describe_params
+
+
+class ElidedLabel(QLabel):
+    """A one-line label that ends in "…" when the pane is too narrow for it."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self._full = ""
+
+    def setText(self, text: str) -> None:  # noqa: N802
+        self._full = text
+        self._elide()
+
+    def full_text(self) -> str:
+        return self._full
+
+    def _elide(self) -> None:
+        super().setText(self.fontMetrics().elidedText(self._full, Qt.TextElideMode.ElideRight, max(self.width(), 1)))
+
+    def resizeEvent(self, event) -> None:  # noqa: N802
+        super().resizeEvent(event)
+        self._elide()
+
+
+def _short_count(n: int) -> str:
+    return f"{n / 1000:.1f}k" if n >= 1000 else str(n)
+
+
+class PaneView(QFrame):
+    """Shows one `app.workspace.Pane`; forwards the user's requests as signals."""
+
+    stop_requested = Signal(int)  # pane id
+    close_requested = Signal(int)
+    settings_requested = Signal(int)
+    regenerate_requested = Signal(int, int)  # pane id, message index
+    edit_requested = Signal(int, int)
+    fork_requested = Signal(int, int)
+    activated = Signal(int)  # the user clicked or focused into this pane
+
+    def __init__(self, pane: Any, model_name: str, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.pane = pane
+        self.pane_id: int = pane.id
+        self.model_name = model_name
+        self.setObjectName(f"pane{pane.id}")
+        self.setFrameShape(QFrame.Shape.StyledPanel)
+        self.setMinimumWidth(self.fontMetrics().averageCharWidth() * 24)
+        self.setFocusPolicy(Qt.FocusPolicy.ClickFocus)
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(0)
+
+        self.header = QFrame(self)
+        self.header.setAutoFillBackground(True)
+        head = QHBoxLayout(self.header)
+        head.setContentsMargins(6, 3, 3, 3)
+        head.setSpacing(2)
+        self.title_label = QLabel(self.header)
+        bold = QFont(self.title_label.font())
+        bold.setBold(True)
+        self.title_label.setFont(bold)
+        self.summary_label = ElidedLabel(self.header)
+        self.settings_button = self._tool("⚙", "Settings for this pane (Ctrl+,)", lambda: self.settings_requested.emit(self.pane_id))
+        self.stop_button = self._tool("■", "Stop this pane's reply", lambda: self.stop_requested.emit(self.pane_id))
+        self.close_button = self._tool("✕", "Close this pane (Ctrl+W)", lambda: self.close_requested.emit(self.pane_id))
+        head.addWidget(self.title_label)
+        head.addWidget(self.summary_label, 1)
+        for button in (self.settings_button, self.stop_button, self.close_button):
+            head.addWidget(button)
+        layout.addWidget(self.header)
+
+        self.scroll = QScrollArea(self)
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.scroll.setBackgroundRole(QPalette.ColorRole.Base)
+        self._content = QWidget()
+        self._content.setBackgroundRole(QPalette.ColorRole.Base)
+        self._content.setAutoFillBackground(True)
+        self._list = QVBoxLayout(self._content)
+        self._list.setContentsMargins(4, 4, 4, 4)
+        self._list.setSpacing(6)
+        self.empty_label = QLabel("No messages yet. Type in the box below and press Ctrl+Enter.", self._content)
+        self.empty_label.setWordWrap(True)
+        self.empty_label.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.empty_label.setForegroundRole(QPalette.ColorRole.PlaceholderText)
+        self._list.addWidget(self.empty_label)
+        self._list.addStretch(1)
+        self.scroll.setWidget(self._content)
+        layout.addWidget(self.scroll, 1)
+
+        foot = QHBoxLayout()
+        foot.setContentsMargins(6, 2, 6, 3)
+        self.context_meter = QProgressBar(self)
+        self.context_meter.setTextVisible(True)
+        self.context_meter.setMaximumHeight(self.fontMetrics().height() + 4)
+        self.context_meter.setToolTip("Tokens of the model's context this conversation uses")
+        foot.addWidget(QLabel("context", self))
+        foot.addWidget(self.context_meter, 1)
+        layout.addLayout(foot)
+
+        self.messages: dict[int, MessageView] = {}
+        self._dirty: set[int] = set()
+        self._live_stats: dict[int, Any] = {}
+        self._follow = True
+        bar = self.scroll.verticalScrollBar()
+        bar.rangeChanged.connect(self._on_range_changed)
+        bar.valueChanged.connect(self._on_scrolled)
+        self._current = False
+        self.refresh_header()
+        self.refresh_context()
+        for index in range(len(pane.conversation.messages)):
+            self._add_message(index)
+
+    def _tool(self, text: str, tip: str, slot: Any) -> QToolButton:
+        button = QToolButton(self.header)
+        button.setText(text)
+        button.setToolTip(tip)
+        button.setAutoRaise(True)
+        button.clicked.connect(slot)
+        return button
+
+    # -- reacting to the app ---------------------------------------------------
+
+    def refresh_header(self) -> None:
+        conv = self.pane.conversation
+        self.title_label.setText(self.pane.title)
+        summary = describe_params(self.model_name, conv.params)
+        if conv.system_prompt:
+            summary += " · system prompt"
+        self.summary_label.setText(summary)
+        tip = summary
+        if conv.system_prompt:
+            tip += f"\nSystem prompt: {conv.system_prompt[:300]}"
+        self.summary_label.setToolTip(tip)
+        self.stop_button.setEnabled(bool(self.pane.busy))
+        self._refresh_actions()
+
+    def refresh_context(self) -> None:
+        conv = self.pane.conversation
+        limit = max(int(conv.context_limit or 0), 0)
+        used = int(conv.context_used)
+        self.context_meter.setRange(0, max(limit, 1))
+        self.context_meter.setValue(min(used, max(limit, 1)))
+        self.context_meter.setFormat(f"{_short_count(used)} / {_short_count(limit) if limit else '?'} tokens")
+
+    def message_appended(self, index: int) -> None:
+        self._add_message(index)
+        self._refresh_actions()
+        self._follow = True
+
+    def reply_delta(self, index: int, stats: Any) -> None:
+        self._live_stats[index] = stats
+        self._dirty.add(index)
+
+    def reply_finished(self, index: int) -> None:
+        self._live_stats.pop(index, None)
+        self._dirty.add(index)
+        self.flush()
+
+    def messages_truncated(self, length: int) -> None:
+        for index in [i for i in self.messages if i >= length]:
+            view = self.messages.pop(index)
+            self._list.removeWidget(view)
+            view.deleteLater()
+            self._dirty.discard(index)
+            self._live_stats.pop(index, None)
+        self.empty_label.setVisible(not self.messages)
+        self._refresh_actions()
+        self.refresh_context()
+
+    @property
+    def dirty(self) -> bool:
+        return bool(self._dirty)
+
+    def flush(self) -> None:
+        """Re-render what changed since the last flush (called by the frame timer)."""
+        if not self._dirty:
+            return
+        msgs = self.pane.conversation.messages
+        for index in sorted(self._dirty):
+            view = self.messages.get(index)
+            if view is not None and index < len(msgs):
+                view.update_from(msgs[index], self._live_stats.get(index))
+        self._dirty.clear()
+        self.refresh_context()
+
+    # -- messages --------------------------------------------------------------
+
+    def _add_message(self, index: int) -> None:
+        msgs = self.pane.conversation.messages
+        if index in self.messages or index >= len(msgs):
+            return
+        message = msgs[index]
+        view = MessageView(index, message.role, self._content)
+        view.copy_requested.connect(lambda i: self.messages[i].copy_text())
+        view.regenerate_requested.connect(lambda i: self.regenerate_requested.emit(self.pane_id, i))
+        view.edit_requested.connect(lambda i: self.edit_requested.emit(self.pane_id, i))
+        view.fork_requested.connect(lambda i: self.fork_requested.emit(self.pane_id, i))
+        # Before the trailing stretch, in index order.
+        position = sum(1 for i in self.messages if i < index) + 1
+        self._list.insertWidget(position, view)
+        self.messages[index] = view
+        self.empty_label.hide()
+        view.update_from(message)
+
+    def _refresh_actions(self) -> None:
+        # Regenerate and edit change the conversation: not while a reply streams into it.
+        busy = bool(self.pane.busy)
+        last = len(self.pane.conversation.messages) - 1
+        for index, view in self.messages.items():
+            view.set_can_regenerate(index == last and not busy)
+            view.edit_button.setEnabled(not busy)
+
+    def last_reply_index(self) -> int | None:
+        msgs = self.pane.conversation.messages
+        for index in range(len(msgs) - 1, -1, -1):
+            if msgs[index].role == "assistant":
+                return index
+        return None
+
+    def last_user_index(self) -> int | None:
+        msgs = self.pane.conversation.messages
+        for index in range(len(msgs) - 1, -1, -1):
+            if msgs[index].role == "user":
+                return index
+        return None
+
+    # -- following the stream ------------------------------------------------------
+
+    def _on_range_changed(self, _lo: int, hi: int) -> None:
+        if self._follow:
+            self.scroll.verticalScrollBar().setValue(hi)
+
+    def _on_scrolled(self, value: int) -> None:
+        bar = self.scroll.verticalScrollBar()
+        # Near the bottom counts as the bottom: a line of slack for rounding.
+        self._follow = value >= bar.maximum() - self.fontMetrics().height()
+
+    @property
+    def following(self) -> bool:
+        return self._follow
+
+    # -- being the current pane -----------------------------------------------------
+
+    def set_current(self, current: bool) -> None:
+        self._current = current
+        self.header.setBackgroundRole(
+            QPalette.ColorRole.Highlight if current else QPalette.ColorRole.Window
+        )
+        role = QPalette.ColorRole.HighlightedText if current else QPalette.ColorRole.WindowText
+        self.title_label.setForegroundRole(role)
+        self.summary_label.setForegroundRole(role)
+
+    def mousePressEvent(self, event) -> None:  # noqa: N802
+        self.activated.emit(self.pane_id)
+        super().mousePressEvent(event)
+
+    def event(self, event) -> bool:  # noqa: A003
+        if event.type() == QEvent.Type.FocusIn:
+            self.activated.emit(self.pane_id)
+        return super().event(event)

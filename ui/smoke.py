@@ -1,0 +1,156 @@
+"""`tandem --smoke-test OUT.png`: the real app, end to end, for packaging and CI.
+
+Two panes, one prompt broadcast to both on the model (the default one unless
+--model says otherwise), both replies awaited, a screenshot of the whole
+window saved. Exit 0 on success; otherwise one line on stderr says why and
+the exit status is 1. Settings go to a temporary config folder, so the
+user's own are never read or written; imported models (TANDEM_DATA_DIR) are
+shared, so a second run does not import the model again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+PROMPT = "In one sentence, what is a tandem bicycle?"
+LOAD_TIMEOUT_S = 900.0  # the first run imports the GGUF file
+REPLY_TIMEOUT_S = 300.0
+MAX_TOKENS = 48
+
+
+class SmokeFailure(Exception):
+    pass
+
+
+def run_smoke_test(args: argparse.Namespace) -> int:
+    out = Path(args.smoke_test)
+    if out.suffix.lower() != ".png":
+        print(f"smoke test failed: the screenshot path must end in .png, not {out.name!r}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="tandem-smoke-") as config:
+        os.environ["TANDEM_CONFIG_DIR"] = config
+        try:
+            _run(args, out)
+        except SmokeFailure as exc:
+            print(f"smoke test failed: {exc}", file=sys.stderr)
+            return 1
+        except Exception as exc:  # whatever broke, one line, non-zero
+            print(f"smoke test failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
+    print(f"smoke test passed: two replies, screenshot saved to {out}")
+    return 0
+
+
+def _run(args: argparse.Namespace, out: Path) -> None:
+    import qasync
+    from PySide6.QtWidgets import QApplication
+
+    from app.settings import Settings
+    from app.workspace import Workspace
+    from ui.main import _run_settings, version
+    from ui.main_window import MainWindow
+    from ui.theme import apply_theme
+
+    settings = _run_settings(Settings.load(), args)  # the temporary folder's: the defaults
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setApplicationName("Tandem")
+    apply_theme(app, settings.theme)
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    workspace = Workspace(settings)
+    first, second = workspace.add_pane(), workspace.add_pane()
+    window = MainWindow(workspace, settings, version=version(), save_settings=False)
+    window.resize(1280, 800)
+
+    async def scenario() -> None:
+        window.show()
+        window.load_engine()
+        await _wait_ready(workspace)
+        base = dataclasses.replace(settings.default_params, max_tokens=MAX_TOKENS)
+        workspace.set_params(first.id, dataclasses.replace(base, temperature=0.0, seed=None))
+        workspace.set_params(second.id, dataclasses.replace(base, temperature=0.7, seed=7))
+        # Through the window, as a user would: the message box and Send.
+        window.composer.edit.setPlainText(PROMPT)
+        window.composer.send_button.click()
+        for _ in range(600):  # the send task queues the requests at once, or says why not
+            if window.composer.notice.isVisible():
+                raise SmokeFailure(f"the window refused the message: {window.composer.notice.text()}")
+            if all(p.conversation.messages for p in (first, second)):
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise SmokeFailure("sending the message did not start any reply within 60 s")
+        try:
+            await asyncio.wait_for(_replies_done(workspace, [first, second]), REPLY_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise SmokeFailure(f"the replies did not finish within {REPLY_TIMEOUT_S:.0f} s") from None
+        for pane in (first, second):
+            reply = pane.conversation.messages[-1]
+            if reply.role != "assistant" or reply.state != "complete":
+                raise SmokeFailure(f"{pane.title}'s reply ended as {reply.state!r}: {reply.error or 'no error given'}")
+            if not reply.text.strip():
+                raise SmokeFailure(f"{pane.title}'s reply is empty")
+        window._flush_panes()
+        window.refresh_status()
+        await asyncio.sleep(0.2)  # let layouts settle before the picture
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if not window.grab().save(str(out), "PNG"):
+            raise SmokeFailure(f"could not write the screenshot to {out}")
+
+    failure: list[BaseException] = []
+
+    async def main() -> None:
+        try:
+            await scenario()
+        except BaseException as exc:
+            failure.append(exc)
+        finally:
+            closed = asyncio.Event()
+            window.closed.connect(closed.set)
+            window.close()
+            try:
+                await asyncio.wait_for(closed.wait(), 10)
+            except asyncio.TimeoutError:
+                failure.append(SmokeFailure("the window did not close within 10 s"))
+
+    with loop:
+        loop.run_until_complete(main())
+    if failure:
+        raise failure[0]
+
+
+async def _wait_ready(workspace: object) -> None:
+    ready = asyncio.Event()
+    unsubscribe = workspace.subscribe(lambda e: ready.set() if getattr(e, "state", None) in ("ready", "error") else None)
+    try:
+        if workspace.engine_state not in ("ready", "error"):
+            await asyncio.wait_for(ready.wait(), LOAD_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        raise SmokeFailure(f"the model did not load within {LOAD_TIMEOUT_S:.0f} s") from None
+    finally:
+        unsubscribe()
+    if workspace.engine_state != "ready":
+        raise SmokeFailure(f"the model could not be loaded: {workspace.load_error}")
+
+
+async def _replies_done(workspace: object, panes: list) -> None:
+    """Until every pane has a reply that is no longer streaming."""
+    done = asyncio.Event()
+
+    def check(_event: object = None) -> None:
+        if all(p.conversation.messages and p.conversation.messages[-1].role == "assistant"
+               and not p.busy for p in panes):
+            done.set()
+
+    unsubscribe = workspace.subscribe(check)
+    try:
+        check()
+        await done.wait()
+    finally:
+        unsubscribe()

@@ -1,0 +1,92 @@
+"""Light and dark: follow the system, or force one.
+
+"system" leaves the palette to Qt, which follows the desktop's colour scheme
+(and tells us when it changes). "light"/"dark" install a fixed Fusion palette,
+which is also how tests and screenshots get a known look on any platform.
+Widgets take their colours from the palette, never from constants.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor, QGuiApplication, QPalette
+from PySide6.QtWidgets import QApplication
+
+THEMES = ("system", "light", "dark")
+
+
+def _dark_palette() -> QPalette:
+    p = QPalette()
+    window, base, text = QColor(0x2B, 0x2B, 0x2E), QColor(0x1E, 0x1E, 0x20), QColor(0xE6, 0xE6, 0xE6)
+    roles = {
+        QPalette.ColorRole.Window: window,
+        QPalette.ColorRole.WindowText: text,
+        QPalette.ColorRole.Base: base,
+        QPalette.ColorRole.AlternateBase: QColor(0x33, 0x33, 0x38),
+        QPalette.ColorRole.ToolTipBase: QColor(0x3A, 0x3A, 0x3F),
+        QPalette.ColorRole.ToolTipText: text,
+        QPalette.ColorRole.PlaceholderText: QColor(0x9A, 0x9A, 0xA0),
+        QPalette.ColorRole.Text: text,
+        QPalette.ColorRole.Button: QColor(0x3A, 0x3A, 0x3F),
+        QPalette.ColorRole.ButtonText: text,
+        QPalette.ColorRole.BrightText: QColor(0xFF, 0x6B, 0x6B),
+        QPalette.ColorRole.Link: QColor(0x6C, 0xB4, 0xFF),
+        QPalette.ColorRole.Highlight: QColor(0x2F, 0x6F, 0xC0),
+        QPalette.ColorRole.HighlightedText: QColor(0xFF, 0xFF, 0xFF),
+        QPalette.ColorRole.Light: QColor(0x4A, 0x4A, 0x50),
+        QPalette.ColorRole.Midlight: QColor(0x40, 0x40, 0x45),
+        QPalette.ColorRole.Mid: QColor(0x30, 0x30, 0x34),
+        QPalette.ColorRole.Dark: QColor(0x18, 0x18, 0x1A),
+        QPalette.ColorRole.Shadow: QColor(0x00, 0x00, 0x00),
+    }
+    for role, color in roles.items():
+        p.setColor(role, color)
+    disabled = QColor(0x80, 0x80, 0x85)
+    for role in (QPalette.ColorRole.Text, QPalette.ColorRole.ButtonText, QPalette.ColorRole.WindowText):
+        p.setColor(QPalette.ColorGroup.Disabled, role, disabled)
+    return p
+
+
+def apply_theme(app: QApplication, theme: str) -> None:
+    """Install `theme` ("system" | "light" | "dark") on the application."""
+    if theme not in THEMES:
+        theme = "system"
+    app.setStyle("Fusion")  # the same widgets and metrics everywhere; it honours palettes fully
+    if theme == "dark":
+        app.setPalette(_dark_palette())
+    elif theme == "light":
+        app.setPalette(app.style().standardPalette())
+    else:
+        # A palette with nothing set gives the platform's back (after a forced theme).
+        app.setPalette(QPalette())
+        scheme = QGuiApplication.styleHints().colorScheme()
+        if scheme == Qt.ColorScheme.Dark and not is_dark(app.palette()):
+            app.setPalette(_dark_palette())
+        elif scheme == Qt.ColorScheme.Light and is_dark(app.palette()):
+            app.setPalette(app.style().standardPalette())
+
+
+def is_dark(palette: QPalette) -> bool:
+    return palette.color(QPalette.ColorRole.Window).lightness() < 128
+
+
+def _mix(a: QColor, b: QColor, t: float) -> QColor:
+    return QColor(
+        round(a.red() * (1 - t) + b.red() * t),
+        round(a.green() * (1 - t) + b.green() * t),
+        round(a.blue() * (1 - t) + b.blue() * t),
+    )
+
+
+def diff_highlight_color(palette: QPalette) -> QColor:
+    """Background for changed words: visible on the palette's base, text still readable."""
+    accent = QColor(0xC8, 0x8A, 0x00) if is_dark(palette) else QColor(0xFF, 0xD2, 0x4D)
+    return _mix(palette.color(QPalette.ColorRole.Base), accent, 0.55 if is_dark(palette) else 0.8)
+
+
+def user_bubble_color(palette: QPalette) -> QColor:
+    return _mix(palette.color(QPalette.ColorRole.Base), palette.color(QPalette.ColorRole.Highlight), 0.12)
+
+
+def muted_text_color(palette: QPalette) -> QColor:
+    return palette.color(QPalette.ColorRole.PlaceholderText)
