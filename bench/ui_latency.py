@@ -54,7 +54,7 @@ def run_alone(engine: Any, prompts: list[list[int]], params: Any) -> float:
 
 
 def run_with_window(engine: Any, settings: Any, panes: int) -> dict[str, Any]:
-    import qasync
+    from ui.event_loop import TandemEventLoop
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
@@ -64,7 +64,7 @@ def run_with_window(engine: Any, settings: Any, panes: int) -> dict[str, Any]:
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     apply_theme(app, "light")
-    loop = qasync.QEventLoop(app)
+    loop = TandemEventLoop(app)
     asyncio.set_event_loop(loop)
     workspace = Workspace(settings, engine=engine)
     for _ in range(panes):

@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_interrupt)
 
     # Imported after parsing, so `--help` answers at once.
-    import qasync
+    from ui.event_loop import TandemEventLoop
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     app.setApplicationName("Tandem")
     app.setApplicationVersion(version())
     apply_theme(app, settings.theme)
-    loop = qasync.QEventLoop(app)
+    loop = TandemEventLoop(app)
     asyncio.set_event_loop(loop)
 
     workspace = Workspace(settings)

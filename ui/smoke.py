@@ -48,7 +48,7 @@ def run_smoke_test(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, out: Path) -> None:
-    import qasync
+    from ui.event_loop import TandemEventLoop
     from PySide6.QtWidgets import QApplication
 
     from app.settings import Settings
@@ -61,7 +61,7 @@ def _run(args: argparse.Namespace, out: Path) -> None:
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Tandem")
     apply_theme(app, settings.theme)
-    loop = qasync.QEventLoop(app)
+    loop = TandemEventLoop(app)
     asyncio.set_event_loop(loop)
     workspace = Workspace(settings)
     first, second = workspace.add_pane(), workspace.add_pane()

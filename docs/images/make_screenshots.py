@@ -35,7 +35,7 @@ async def until(predicate, timeout: float = 900.0) -> None:  # type: ignore[no-u
 
 
 def main() -> None:
-    import qasync
+    from ui.event_loop import TandemEventLoop
     from PySide6.QtWidgets import QApplication
 
     from app.settings import Settings
@@ -47,7 +47,7 @@ def main() -> None:
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     apply_theme(app, "light")
-    loop = qasync.QEventLoop(app)
+    loop = TandemEventLoop(app)
     asyncio.set_event_loop(loop)
     settings = Settings()
     settings.default_params = dataclasses.replace(SamplingParams(), max_tokens=120)

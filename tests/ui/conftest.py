@@ -23,12 +23,11 @@ def _private_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def loop(qapp: Any) -> Iterator[asyncio.AbstractEventLoop]:
-    import qasync
-
+    from ui.event_loop import TandemEventLoop
     from ui.theme import apply_theme
 
     apply_theme(qapp, "light")
-    event_loop = qasync.QEventLoop(qapp)
+    event_loop = TandemEventLoop(qapp)
     asyncio.set_event_loop(event_loop)
     try:
         yield event_loop
