@@ -22,6 +22,10 @@ app.events        The events Workspace.subscribe callbacks receive.
 app.compare       word_diff(a, b) -> (segments of a, segments of b).
 app.errors        AppError and its subclasses; each message can be shown to
                   the user as it is.
+app.openai_client OpenAIClient for an OpenAI-compatible server (RemoteError
+                  and subclasses).
+app.remote_pane   RemoteBackend (a pane's server: base_url, model, api_key
+                  kept out of repr) and RemoteReply (one streaming reply).
 
 Workspace API (additions to the agreed contract are marked +)
 -------------------------------------------------------------
@@ -30,6 +34,9 @@ Workspace API (additions to the agreed contract are marked +)
     add_pane(after=None), close_pane(id) (LastPaneError for the only pane),
     move_pane(id, new_index), fork_pane(id, message_index), clear_pane(id) (+),
     set_params(id, SamplingParams), set_system_prompt(id, text), set_title(id, text) (+)
+    await set_remote(id, base_url, model, api_key=None) -> RemoteBackend (+)
+        # checks GET /v1/models; raises the RemoteError, pane unchanged
+    set_local(id) (+)
     await send(text, targets=None) -> Turn     # returns once queued (+ Turn)
     await regenerate(id) -> Turn               # also answers a last user message without a reply
     await edit_and_resend(id, message_index, text) -> Turn
@@ -45,7 +52,9 @@ Workspace API (additions to the agreed contract are marked +)
     await shutdown()
     subscribe(callback) -> unsubscribe
 
-    Pane: id, title, conversation, busy (property), backend ("local")
+    Pane: id, title, conversation, busy (property), remote (RemoteBackend | None),
+        backend ("local" | "remote"; remote panes stream over HTTP with the
+        same events, keep no token ids, and need no loaded engine)
     Conversation: system_prompt, params, model_id, messages, kept_ids,
         context_used, context_limit (0 until a model is loaded),
         streaming / streaming_index (+), fork(i), truncate(n) (+)

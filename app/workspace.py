@@ -1,9 +1,11 @@
 """The panes of the window and the bridge between them and the engine.
 
-A broadcast is one batched engine call: every targeted pane's prompt (its
-kept ids plus the new message, see app.conversation) goes to
+A broadcast is one batched engine call: every targeted local pane's prompt
+(its kept ids plus the new message, see app.conversation) goes to
 `Engine.start_batch_async` with that pane's own sampling parameters, and one
-task on the asyncio loop routes each `(idx, StreamEvent)` to its pane. The
+task on the asyncio loop routes each `(idx, StreamEvent)` to its pane. A
+remote pane (one set to an OpenAI-compatible server, app.remote_pane) gets
+its own streaming request instead, with the same events. The
 engine thread hands events over with `loop.call_soon_threadsafe`; nothing
 here ever blocks the loop: model loading and engine shutdown run on their
 own threads and report back through the loop.
@@ -52,6 +54,8 @@ from app.events import (
     ReplyFinished,
     WorkspaceEvent,
 )
+from app.openai_client import RemoteError
+from app.remote_pane import RemoteBackend, RemoteReply
 from app.settings import Settings
 
 if TYPE_CHECKING:
@@ -78,10 +82,15 @@ class Pane:
     id: int  # stable and unique for the workspace's lifetime
     title: str
     conversation: Conversation
-    # Which backend serves the pane; every pane runs on the one local engine
-    # for now (a remote OpenAI-compatible server would be another backend).
-    backend: str = "local"
-    _run: _Run | None = field(default=None, repr=False)
+    # None: the workspace's local engine serves the pane; otherwise a remote
+    # OpenAI-compatible server does (its repr leaves the API key out).
+    remote: RemoteBackend | None = None
+    _run: _Run | RemoteReply | None = field(default=None, repr=False)
+
+    @property
+    def backend(self) -> str:
+        """"local" or "remote"."""
+        return "local" if self.remote is None else "remote"
 
     @property
     def busy(self) -> bool:
@@ -97,34 +106,52 @@ class _Run:
     panes: list[Pane]
     task: asyncio.Task[None] | None = None
 
+    def abort(self, pane: Pane | None = None) -> None:
+        if pane is None:
+            self.batch.abort()
+        else:
+            self.batch.abort(self.panes.index(pane))
+
 
 class Turn:
-    """What `send` / `regenerate` / `edit_and_resend` started: one reply per pane."""
+    """What `send` / `regenerate` / `edit_and_resend` started: one reply per
+    pane, the local ones in one engine batch, each remote one on its own."""
 
-    def __init__(self, run: _Run) -> None:
-        self._run = run
+    def __init__(self, panes: list[Pane], local: _Run | None, remote: list[RemoteReply]) -> None:
+        self._panes = panes
+        self._local = local
+        self._remote = remote
 
     @property
     def pane_ids(self) -> list[int]:
-        return [pane.id for pane in self._run.panes]
+        return [pane.id for pane in self._panes]
 
     @property
     def request_ids(self) -> list[int]:
-        return list(self._run.batch.request_ids)
+        """The engine's request ids of the local panes' replies."""
+        return list(self._local.batch.request_ids) if self._local is not None else []
+
+    def _tasks(self) -> list[asyncio.Task[None]]:
+        runs: list[_Run | RemoteReply] = [*([self._local] if self._local else []), *self._remote]
+        return [run.task for run in runs if run.task is not None]
 
     @property
     def done(self) -> bool:
-        return self._run.task is None or self._run.task.done()
+        return all(task.done() for task in self._tasks())
 
     async def wait(self) -> None:
         """Until every reply of the turn has ended (complete, stopped or failed)."""
-        if self._run.task is not None:
+        tasks = self._tasks()
+        if tasks:
             # asyncio.wait, not await: neither cancelling the waiter cancels
             # the replies nor does a shutdown that cancels them raise here.
-            await asyncio.wait([self._run.task])
+            await asyncio.wait(tasks)
 
     def stop(self) -> None:
-        self._run.batch.abort()
+        if self._local is not None:
+            self._local.abort()
+        for reply in self._remote:
+            reply.abort()
 
 
 class Workspace:
@@ -140,8 +167,9 @@ class Workspace:
         self.load_error: str | None = None
         self._listeners: list[Listener] = []
         self._pane_ids = itertools.count(1)
-        self._runs: set[_Run] = set()
+        self._runs: set[_Run | RemoteReply] = set()
         self._load_cancel: threading.Event | None = None
+        self._closing: set[asyncio.Task[None]] = set()  # remote clients being closed
 
     # -- observing -------------------------------------------------------------
 
@@ -188,12 +216,14 @@ class Workspace:
         """A new pane, right of the source, holding its conversation up to and
         including `message_index`; its next turn reuses the source's cached pages."""
         source = self.pane(pane_id)
-        pane = self._insert(source.conversation.fork(message_index), pane_id, title=f"{source.title} fork")
-        return pane
+        remote = source.remote.copy() if source.remote is not None else None
+        return self._insert(source.conversation.fork(message_index), pane_id, title=f"{source.title} fork", remote=remote)
 
-    def _insert(self, conversation: Conversation, after: int | None, title: str | None = None) -> Pane:
+    def _insert(
+        self, conversation: Conversation, after: int | None, title: str | None = None, remote: RemoteBackend | None = None
+    ) -> Pane:
         pane_id = next(self._pane_ids)
-        pane = Pane(pane_id, title or f"Pane {pane_id}", conversation)
+        pane = Pane(pane_id, title or f"Pane {pane_id}", conversation, remote)
         index = len(self.panes) if after is None else self.index_of(after) + 1
         self.panes.insert(index, pane)
         self._emit(PaneAdded(pane, index))
@@ -206,6 +236,8 @@ class Workspace:
             raise LastPaneError()
         self._abort(pane)
         self.panes.remove(pane)
+        if pane.remote is not None:
+            self._close_backend(pane.remote, pane._run)
         self._emit(PaneClosed(pane_id))
 
     def move_pane(self, pane_id: int, new_index: int) -> None:
@@ -238,33 +270,89 @@ class Workspace:
         self.pane(pane_id).title = title
         self._emit(PaneUpdated(pane_id))
 
+    async def set_remote(self, pane_id: int, base_url: str, model: str, api_key: str | None = None) -> RemoteBackend:
+        """Serve the pane from an OpenAI-compatible server from its next reply on.
+
+        The server is checked first (GET /v1/models must list `model`); any
+        failure raises the client's RemoteError and leaves the pane as it was.
+        """
+        pane = self.pane(pane_id)
+        self._refuse_busy([pane])
+        try:
+            backend = RemoteBackend.create(base_url, model, api_key)
+        except ValueError as exc:
+            raise RemoteError(str(exc)) from None
+        try:
+            await backend.check()
+            self._refuse_busy([pane])  # a reply may have started while the server was asked
+            if pane not in self.panes:
+                raise UnknownPaneError(pane_id)
+        except BaseException:
+            await backend.aclose()
+            raise
+        old, pane.remote = pane.remote, backend
+        if old is not None:
+            self._close_backend(old, None)
+        pane.conversation.model_id = backend.model
+        pane.conversation.context_limit = 0  # the server does not say
+        self._emit(PaneUpdated(pane_id))
+        return backend
+
+    def set_local(self, pane_id: int) -> None:
+        """Serve the pane from the local engine again (from its next reply on)."""
+        pane = self.pane(pane_id)
+        if pane.remote is None:
+            return
+        self._refuse_busy([pane])
+        old, pane.remote = pane.remote, None
+        self._close_backend(old, None)
+        pane.conversation.model_id = self.settings.model
+        pane.conversation.context_limit = self._context_limit()
+        self._emit(PaneUpdated(pane_id))
+
+    def _close_backend(self, backend: RemoteBackend, run: _Run | RemoteReply | None) -> None:
+        """Close a backend's client once its last reply (if any) has let go of it."""
+
+        async def close() -> None:
+            if run is not None and run.task is not None:
+                await asyncio.wait([run.task])
+            await backend.aclose()
+
+        task = asyncio.get_running_loop().create_task(close(), name="tandem-remote-close")
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
     # -- turns -------------------------------------------------------------
 
     async def send(self, text: str, targets: Sequence[int] | None = None) -> Turn:
-        """Send `text` to the target panes (every pane when None) as one batched engine call.
+        """Send `text` to the target panes (every pane when None): the local
+        panes as one batched engine call, each remote pane as its own request.
 
         Returns as soon as the requests are queued; the replies stream in as
         events (await `turn.wait()` for the end). Nothing is sent to any pane
-        when a target is busy (PaneBusyError), the engine is not ready
-        (EngineNotReadyError) or a prompt cannot run (ContextFullError, or the
+        when a target is busy (PaneBusyError), the engine is not ready for a
+        local target (EngineNotReadyError) or a prompt cannot run (ContextFullError, or the
         engine's PromptError).
         """
-        engine = self._ready_engine()
+        panes = self._targets(targets)
+        local = [pane for pane in panes if pane.remote is None]
+        engine = self._ready_engine() if local else None
         if not text.strip():
             raise EmptyMessageError()
-        panes = self._targets(targets)
         self._refuse_busy(panes)
-        prompts = [pane.conversation.next_prompt(engine.tokenizer, user_text=text) for pane in panes]
-        batch = self._start_batch(engine, panes, prompts)
+        batch, prompts = None, []
+        if engine is not None:
+            prompts = [pane.conversation.next_prompt(engine.tokenizer, user_text=text) for pane in local]
+            batch = self._start_batch(engine, local, prompts)
         for pane in panes:
             index = pane.conversation.append_user(text)
             self._emit(MessageAppended(pane.id, index))
-        return self._begin_run(batch, panes, prompts)
+        return self._begin_turn(panes, batch, prompts)
 
     async def regenerate(self, pane_id: int) -> Turn:
         """Replace the pane's last reply with a new one (or answer a last user message that has none)."""
-        engine = self._ready_engine()
         pane = self.pane(pane_id)
+        engine = self._ready_engine() if pane.remote is None else None
         self._refuse_busy([pane])
         conversation = pane.conversation
         length = len(conversation.messages)
@@ -272,27 +360,31 @@ class Workspace:
             length -= 1
         if not length or conversation.messages[length - 1].role != "user":
             raise NothingToRegenerateError(pane.title)
-        prompt = conversation.next_prompt(engine.tokenizer, upto=length)
-        batch = self._start_batch(engine, [pane], [prompt])
+        batch, prompts = None, []
+        if engine is not None:
+            prompts = [conversation.next_prompt(engine.tokenizer, upto=length)]
+            batch = self._start_batch(engine, [pane], prompts)
         self._truncate(pane, length)
-        return self._begin_run(batch, [pane], [prompt])
+        return self._begin_turn([pane], batch, prompts)
 
     async def edit_and_resend(self, pane_id: int, message_index: int, text: str) -> Turn:
         """Replace user message `message_index` with `text`, drop every message after it, and reply anew."""
-        engine = self._ready_engine()
         pane = self.pane(pane_id)
+        engine = self._ready_engine() if pane.remote is None else None
         self._refuse_busy([pane])
         if not text.strip():
             raise EmptyMessageError()
         conversation = pane.conversation
         if not 0 <= message_index < len(conversation.messages) or conversation.messages[message_index].role != "user":
             raise MessageIndexError(f"Message {message_index} of {pane.title} is not a message you wrote.")
-        prompt = conversation.next_prompt(engine.tokenizer, user_text=text, upto=message_index)
-        batch = self._start_batch(engine, [pane], [prompt])
+        batch, prompts = None, []
+        if engine is not None:
+            prompts = [conversation.next_prompt(engine.tokenizer, user_text=text, upto=message_index)]
+            batch = self._start_batch(engine, [pane], prompts)
         self._truncate(pane, message_index)
         index = conversation.append_user(text)
         self._emit(MessageAppended(pane.id, index))
-        return self._begin_run(batch, [pane], [prompt])
+        return self._begin_turn([pane], batch, prompts)
 
     def stop(self, pane_id: int | None = None) -> None:
         """Stop the pane's reply (every running reply when None). A stopped
@@ -302,7 +394,7 @@ class Workspace:
             self._abort(self.pane(pane_id))
             return
         for run in list(self._runs):
-            run.batch.abort()
+            run.abort()
 
     async def wait_idle(self) -> None:
         """Until no reply is streaming in any pane."""
@@ -350,16 +442,47 @@ class Workspace:
             pane.conversation.truncate(length)
             self._emit(MessagesTruncated(pane.id, length))
 
-    def _begin_run(self, batch: AsyncBatch, panes: list[Pane], prompts: Sequence[list[int]]) -> Turn:
-        run = _Run(batch, panes)
-        for pane, prompt in zip(panes, prompts):
-            index = pane.conversation.begin_reply(prompt)
-            pane._run = run
-            self._emit(MessageAppended(pane.id, index))
-            self._emit(PaneUpdated(pane.id))
-        self._runs.add(run)
-        run.task = asyncio.get_running_loop().create_task(self._pump(run), name="tandem-replies")
-        return Turn(run)
+    def _begin_turn(self, panes: list[Pane], batch: AsyncBatch | None, prompts: Sequence[list[int]]) -> Turn:
+        """Start the replies: the local panes' (in `batch`, one prompt each, in order) and the remote panes'."""
+        run = None
+        if batch is not None:
+            run = _Run(batch, [pane for pane in panes if pane.remote is None])
+            for pane, prompt in zip(run.panes, prompts):
+                index = pane.conversation.begin_reply(prompt)
+                pane._run = run
+                self._emit(MessageAppended(pane.id, index))
+                self._emit(PaneUpdated(pane.id))
+            self._runs.add(run)
+            run.task = asyncio.get_running_loop().create_task(self._pump(run), name="tandem-replies")
+        remote = [self._begin_remote(pane) for pane in panes if pane.remote is not None]
+        return Turn(panes, run, remote)
+
+    def _begin_remote(self, pane: Pane) -> RemoteReply:
+        """Stream the pane's reply from its server: the conversation's text as chat messages, no token ids."""
+        assert pane.remote is not None
+        conversation = pane.conversation
+        messages = conversation.chat_messages()
+
+        def on_delta(text: str, stats: ReplyStats) -> None:
+            index = conversation.streaming_index
+            if pane._run is not reply or index is None:
+                return
+            conversation.add_reply_delta(text, [], stats)
+            if pane in self.panes:
+                self._emit(ReplyDelta(pane.id, index, text, stats))
+
+        def on_end(state: MessageState, stats: ReplyStats | None, error: str | None) -> None:
+            if pane._run is reply:
+                self._end_reply_with(pane, state, stats=stats, error=error)
+
+        index = conversation.begin_reply([])
+        reply = RemoteReply(pane.remote, messages, conversation.params, on_delta, on_end)
+        pane._run = reply
+        self._runs.add(reply)
+        reply.task.add_done_callback(lambda _task: self._runs.discard(reply))
+        self._emit(MessageAppended(pane.id, index))
+        self._emit(PaneUpdated(pane.id))
+        return reply
 
     async def _pump(self, run: _Run) -> None:
         """Route the batch's events to their panes until every request has ended."""
@@ -411,8 +534,12 @@ class Workspace:
 
     def _abort(self, pane: Pane) -> None:
         run = pane._run
-        if run is not None and pane.busy:
-            run.batch.abort(run.panes.index(pane))
+        if run is None or not pane.busy:
+            return
+        if isinstance(run, _Run):
+            run.abort(pane)
+        else:
+            run.abort()
 
     # -- the engine ----------------------------------------------------------
 
@@ -470,7 +597,8 @@ class Workspace:
         self._load_cancel = None
         self.engine = engine
         for pane in self.panes:
-            pane.conversation.context_limit = engine.max_context
+            if pane.remote is None:
+                pane.conversation.context_limit = engine.max_context
         self._set_engine_state("ready", None, None)
         for pane in self.panes:
             self._emit(PaneUpdated(pane.id))
@@ -489,20 +617,23 @@ class Workspace:
     def _context_limit(self) -> int:
         return self.engine.max_context if self.engine is not None and self.engine_state == "ready" else 0
 
-    async def _retire_engine(self, timeout: float = SHUTDOWN_TIMEOUT_S) -> None:
-        """Stop every reply, close the engine (on its own thread) and forget it."""
+    async def _retire_engine(self, timeout: float = SHUTDOWN_TIMEOUT_S, *, remote_too: bool = False) -> None:
+        """Stop every local reply (and remote one, with `remote_too`), close
+        the engine (on its own thread) and forget it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         engine, self.engine = self.engine, None
+        runs = [run for run in self._runs if remote_too or isinstance(run, _Run)]
         # The aborts reach the engine's queue before the shutdown does, so the
         # replies end as "stopped" (kept as far as they got), not as failed.
-        self.stop()
+        for run in runs:
+            run.abort()
         if engine is not None:
             try:
                 await asyncio.wait_for(_in_thread(loop, engine.close, "tandem-close"), timeout)
             except TimeoutError:
                 log.warning("the engine did not close within %.1f s; leaving its thread behind", timeout)
-        tasks = [run.task for run in self._runs if run.task is not None]
+        tasks = [run.task for run in runs if run.task is not None and not run.task.done()]
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline - loop.time()))
             for task in pending:
@@ -517,7 +648,12 @@ class Workspace:
         if self._load_cancel is not None:
             self._load_cancel.set()
             self._load_cancel = None
-        await self._retire_engine()
+        await self._retire_engine(remote_too=True)
+        for pane in self.panes:
+            if pane.remote is not None:
+                await pane.remote.aclose()
+        if self._closing:
+            await asyncio.wait(list(self._closing), timeout=SHUTDOWN_TIMEOUT_S)
         self._set_engine_state("closed", None, None)
 
 

@@ -572,7 +572,16 @@ class MainWindow(QMainWindow):
         if view is None:
             return
         conv = view.pane.conversation
-        popover = PaneSettingsPopover(conv.params, conv.system_prompt, self.max_context(), self, title=view.pane.title)
+        popover = PaneSettingsPopover(
+            conv.params,
+            conv.system_prompt,
+            self.max_context(),
+            self,
+            title=view.pane.title,
+            remote=view.pane.remote,
+            set_remote=lambda url, model, key: self.workspace.set_remote(pane_id, url, model, key),
+            set_local=lambda: self.workspace.set_local(pane_id),
+        )
         popover.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         popover.destroyed.connect(lambda: setattr(self, "popover", None))
         self.popover = popover

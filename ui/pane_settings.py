@@ -1,14 +1,17 @@
-"""A pane's sampling parameters and system prompt, in a compact popover."""
+"""A pane's model, sampling parameters and system prompt, in a compact popover."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import html
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
+    QButtonGroup,
     QCheckBox,
     QDialogButtonBox,
     QDoubleSpinBox,
@@ -16,11 +19,15 @@ from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
     QLabel,
+    QLineEdit,
     QPlainTextEdit,
+    QPushButton,
+    QRadioButton,
     QSpinBox,
     QVBoxLayout,
     QWidget,
 )
+import shiboken6
 
 
 def describe_params(model_name: str, params: Any) -> str:
@@ -40,24 +47,46 @@ def describe_params(model_name: str, params: Any) -> str:
     return " · ".join(parts)
 
 
+# set_remote(base_url, model, api_key) -> the backend; raises the RemoteError
+SetRemote = Callable[[str, str, str | None], Awaitable[Any]]
+
+
 class PaneSettingsPopover(QFrame):
     """Edits a copy of the pane's settings; `applied` carries the result.
 
-    A popup: a click outside or Esc closes it without applying.
+    A popup: a click outside or Esc closes it without applying. The Model
+    section applies on its own button: `set_remote(base_url, model, api_key)`
+    checks the server (its error shows inline), `set_local()` goes back to
+    the local engine.
     """
 
     applied = Signal(object, str)  # (SamplingParams, system prompt)
+    model_applied = Signal()  # the pane's model changed (remote or local)
 
     def __init__(
-        self, params: Any, system_prompt: str, max_context: int, parent: QWidget | None = None, title: str = ""
+        self,
+        params: Any,
+        system_prompt: str,
+        max_context: int,
+        parent: QWidget | None = None,
+        title: str = "",
+        *,
+        remote: Any = None,
+        set_remote: SetRemote | None = None,
+        set_local: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(parent, Qt.WindowType.Popup)
         self.setFrameShape(QFrame.Shape.StyledPanel)
         self._params = params
+        self._set_remote = set_remote
+        self._set_local = set_local
+        self._model_task: asyncio.Task[Any] | None = None
         layout = QVBoxLayout(self)
         if title:
             heading = QLabel(f"<b>{html.escape(title)}</b> · applies from the next reply", self)
             layout.addWidget(heading)
+        if set_remote is not None and set_local is not None:
+            self._add_model_section(layout, remote)
         form = QFormLayout()
         form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
 
@@ -117,6 +146,90 @@ class PaneSettingsPopover(QFrame):
         layout.addWidget(buttons)
         QShortcut(QKeySequence("Ctrl+Return"), self, activated=self.apply)
         self.setMinimumWidth(self.fontMetrics().averageCharWidth() * 40)
+
+    def _add_model_section(self, layout: QVBoxLayout, remote: Any) -> None:
+        layout.addWidget(QLabel("<b>Model</b>", self))
+        self.local_choice = QRadioButton("&Local (default model)", self)
+        self.remote_choice = QRadioButton("&OpenAI-compatible server", self)
+        group = QButtonGroup(self)
+        group.addButton(self.local_choice)
+        group.addButton(self.remote_choice)
+        layout.addWidget(self.local_choice)
+        layout.addWidget(self.remote_choice)
+        form = QFormLayout()
+        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+        self.base_url = QLineEdit(self)
+        self.base_url.setPlaceholderText("http://127.0.0.1:8000/v1")
+        self.remote_model = QLineEdit(self)
+        self.remote_model.setPlaceholderText("the model's name on the server")
+        self.api_key = QLineEdit(self)
+        self.api_key.setEchoMode(QLineEdit.EchoMode.Password)
+        self.api_key.setPlaceholderText("none")
+        if remote is not None:
+            self.base_url.setText(remote.base_url)
+            self.remote_model.setText(remote.model)
+            self.api_key.setText(remote.api_key or "")
+        form.addRow("Base &URL", self.base_url)
+        form.addRow("Mo&del", self.remote_model)
+        form.addRow("API &key", self.api_key)
+        self.remote_fields = QWidget(self)
+        self.remote_fields.setLayout(form)
+        layout.addWidget(self.remote_fields)
+        row = QHBoxLayout()
+        self.model_status = QLabel(self)
+        self.model_status.setWordWrap(True)
+        self.model_status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.model_button = QPushButton("Check && apply model", self)
+        self.model_button.setAutoDefault(False)
+        self.model_button.clicked.connect(self.apply_model)
+        row.addWidget(self.model_status, 1)
+        row.addWidget(self.model_button)
+        layout.addLayout(row)
+        self.remote_choice.toggled.connect(self.remote_fields.setEnabled)
+        (self.remote_choice if remote is not None else self.local_choice).setChecked(True)
+        self.remote_fields.setEnabled(remote is not None)
+
+    def apply_model(self) -> None:
+        """Switch the pane's model now: check and use the server, or go back to local."""
+        assert self._set_remote is not None and self._set_local is not None
+        if self._model_task is not None and not self._model_task.done():
+            return
+        if self.local_choice.isChecked():
+            try:
+                self._set_local()
+            except Exception as exc:  # e.g. the pane is busy
+                self._show_model_result(str(exc), error=True)
+                return
+            self._show_model_result("Using the local model.", error=False)
+            self.model_applied.emit()
+            return
+        self.model_button.setEnabled(False)
+        self._show_model_result("Checking the server...", error=False)
+        coro = self._set_remote(self.base_url.text(), self.remote_model.text(), self.api_key.text() or None)
+        self._model_task = asyncio.ensure_future(coro)
+        self._model_task.add_done_callback(self._model_checked)
+
+    def _model_checked(self, task: asyncio.Task[Any]) -> None:
+        if not shiboken6.isValid(self):  # closed while the server was asked
+            if not task.cancelled():
+                task.exception()  # retrieved: nobody is left to show it
+            return
+        self.model_button.setEnabled(True)
+        if task.cancelled():
+            self._show_model_result("The check was cancelled.", error=True)
+            return
+        exc = task.exception()
+        if exc is not None:
+            self._show_model_result(str(exc), error=True)
+            return
+        backend = task.result()
+        label = getattr(backend, "label", None) or self.remote_model.text()
+        self._show_model_result(f"Connected: {label}.", error=False)
+        self.model_applied.emit()
+
+    def _show_model_result(self, text: str, *, error: bool) -> None:
+        self.model_status.setText(text)
+        self.model_status.setProperty("error", error)  # the theme's stylesheet may colour it
 
     def _double(self, lo: float, hi: float, step: float, decimals: int, value: float, tip: str) -> QDoubleSpinBox:
         box = QDoubleSpinBox(self)

@@ -155,11 +155,12 @@ class PaneView(QFrame):
     def refresh_header(self) -> None:
         conv = self.pane.conversation
         self.title_label.setText(self.pane.title)
-        summary = describe_params(self.model_name, conv.params)
+        remote = getattr(self.pane, "remote", None)
+        summary = describe_params(remote.label if remote is not None else self.model_name, conv.params)
         if conv.system_prompt:
             summary += " · system prompt"
         self.summary_label.setText(summary)
-        tip = summary
+        tip = summary if remote is None else f"{summary}\nServed by {remote.base_url}"
         if conv.system_prompt:
             tip += f"\nSystem prompt: {conv.system_prompt[:300]}"
         self.summary_label.setToolTip(tip)
