@@ -409,13 +409,22 @@ def test_ctrl_c_at_the_empty_chat_prompt_ends_the_line(default_model_dir: Path) 
     assert b"Traceback" not in err
 
 
-def test_deterministic_flag_reaches_the_engine(default_model_dir: Path) -> None:
-    proc = run_cli(
-        "generate", "--model", str(default_model_dir), "--chat", CHATS[0], "--deterministic",
-        "--temperature", "0", "--max-tokens", "8", "--json",
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["token_ids"]
+def test_deterministic_flag_reaches_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    import engine.engine as engine_module
+    from engine.errors import EngineError
+
+    seen: dict[str, object] = {}
+
+    class Recorder:
+        def __init__(self, model: object, **kwargs: object) -> None:
+            seen.update(kwargs)
+            raise EngineError("recorded")
+
+    monkeypatch.setattr(engine_module, "Engine", Recorder)
+    for flags, want in (([], None), (["--deterministic"], True), (["--no-deterministic"], False)):
+        seen.clear()
+        assert cli.main(["generate", "--chat", "Hi", *flags]) == 1
+        assert seen.get("deterministic") is want  # absent: the engine's own default
 
 
 def test_readme_python_snippet_streams_and_stops(default_model_dir: Path) -> None:

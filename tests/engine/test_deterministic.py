@@ -34,9 +34,9 @@ MIXED = [
     "Why is the sky blue?",
     "Name a fruit that is yellow.",
 ]
-GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
 # Seeded, with top-p (its threshold is a row reduction over the vocabulary).
-SEEDED = [SamplingParams(temperature=0.9, top_p=0.95, seed=100 + i, max_tokens=16) for i in range(8)]
+SEEDED = [SamplingParams(temperature=0.9, top_p=0.95, seed=100 + i, max_tokens=12) for i in range(8)]
 
 
 def chat(text: str) -> list[dict[str, str]]:
