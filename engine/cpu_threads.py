@@ -120,7 +120,17 @@ class AdaptiveThreads(ThreadPolicy):
         # A step size seen for the first time tries the other count after two
         # steps: a request of a new size should not run long on a bad guess.
         due = stats.interval if other in stats.seconds else 2
-        if stats.choice in stats.seconds and (stats.since_check >= due or stats.slow_steps >= 2):
+        # The current count has become slower than the other one was when last
+        # measured: the machine changed under a long check interval (a busy
+        # process started); look again now rather than after up to 256 steps.
+        overtaken = (
+            stats.choice in stats.seconds
+            and other in stats.seconds
+            and _MARGIN * stats.seconds[stats.choice] > stats.seconds[other]
+        )
+        if stats.choice in stats.seconds and (
+            stats.since_check >= due or stats.slow_steps >= 2 or overtaken
+        ):
             wanted = other
             stats.exploring = wanted
         self._set(wanted)

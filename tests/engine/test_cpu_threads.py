@@ -115,3 +115,29 @@ def test_default_adapts_on_cpu_but_not_in_deterministic_mode_or_on_gpu() -> None
 def test_bad_thread_count_is_refused_with_a_clear_message(bad: object) -> None:
     with pytest.raises(InvalidThreadCount, match="threads .* at least 1"):
         thread_policy(CPU, bad, deterministic=False)  # type: ignore[arg-type]
+
+
+class StutteringMachine(Machine):
+    """Busy, two threads alternate a normal step and a stalled one, so two
+    slow steps never come in a row: only the averages tell."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._flip = False
+
+    def step_seconds(self, threads: int, tokens: int) -> float:
+        base = 0.010 * tokens**0.5
+        if self.busy and threads == 2:
+            self._flip = not self._flip
+            return base * (1.0 if self._flip else 9.0)
+        return super().step_seconds(threads, tokens)
+
+
+def test_a_stuttering_busy_machine_is_noticed_without_waiting_for_the_next_check() -> None:
+    policy = AdaptiveThreads(2)
+    machine = StutteringMachine()
+    run(policy, machine, 3000, tokens=16)  # quiet: the check interval has grown to its longest
+    machine.busy = True
+    used = run(policy, machine, 32, tokens=16)
+    # A lucky fast probe may tempt it back to two threads for a step or two.
+    assert used[-24:].count(1) >= 18, used
