@@ -29,7 +29,7 @@ from engine.cuda_graphs import (
 )
 from engine.kernel_attention import KernelAttentionMetadata
 from engine.model import LlamaModel
-from engine.runner import ModelRunner
+from engine.runner import ModelRunner, flatten_step
 from engine.scheduler import ScheduleResult
 
 log = logging.getLogger(__name__)
@@ -131,22 +131,7 @@ class KernelModelRunner(ModelRunner):
 
     def forward(self, step: ScheduleResult) -> tuple[torch.Tensor, list[int], list]:
         ps = self.page_size
-        ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        sample_rows: list[int] = []
-        samplers = []
-        for chunk in step.chunks:
-            seq = chunk.seq
-            end = chunk.start + chunk.num_tokens
-            ids.extend(seq.token_ids[chunk.start : end])
-            pages = seq.pages
-            for pos in range(chunk.start, end):
-                positions.append(pos)
-                slots.append(pages[pos // ps] * ps + pos % ps)
-            if chunk.samples:
-                sample_rows.append(len(ids) - 1)
-                samplers.append(seq.sampler)
+        ids, positions, slots, sample_rows, samplers = flatten_step(step, ps)
 
         num_decode = len(step.decodes)
         dec_lens = [c.start + 1 for c in step.decodes]

@@ -69,24 +69,10 @@ class ModelRunner:
     def forward(self, step: ScheduleResult) -> tuple[torch.Tensor, list[int], list]:
         """Hidden states of every token of the step, the rows that sample, and
         their samplers."""
-        ids: list[int] = []
-        positions: list[int] = []
-        write_base: list[int] = []
         ps = self.page_size
         row_stride = self.num_kv * ps  # rows of one page, all heads
-        sample_rows: list[int] = []
-        samplers = []
-        for chunk in step.chunks:
-            seq = chunk.seq
-            end = chunk.start + chunk.num_tokens
-            ids.extend(seq.token_ids[chunk.start : end])
-            pages = seq.pages
-            for pos in range(chunk.start, end):
-                positions.append(pos)
-                write_base.append(pages[pos // ps] * row_stride + pos % ps)
-            if chunk.samples:
-                sample_rows.append(len(ids) - 1)
-                samplers.append(seq.sampler)
+        ids, positions, slots, sample_rows, samplers = flatten_step(step, ps)
+        write_base = [slot // ps * row_stride + slot % ps for slot in slots]
 
         dev = self.device
         base = torch.tensor(write_base, dtype=torch.long, device=dev)
@@ -183,6 +169,30 @@ class ModelRunner:
         return PrefillChunk(
             token_start, num, num_keys, key_rows=key_rows, mask=None, tile_bias=bias
         )
+
+
+def flatten_step(
+    step: ScheduleResult, page_size: int
+) -> tuple[list[int], list[int], list[int], list[int], list]:
+    """A step's tokens in batch order: their ids, positions and KV slots
+    (page * page_size + offset), the rows that sample, and their samplers."""
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    sample_rows: list[int] = []
+    samplers = []
+    for chunk in step.chunks:
+        seq = chunk.seq
+        end = chunk.start + chunk.num_tokens
+        ids.extend(seq.token_ids[chunk.start : end])
+        pages = seq.pages
+        for pos in range(chunk.start, end):
+            positions.append(pos)
+            slots.append(pages[pos // page_size] * page_size + pos % page_size)
+        if chunk.samples:
+            sample_rows.append(len(ids) - 1)
+            samplers.append(seq.sampler)
+    return ids, positions, slots, sample_rows, samplers
 
 
 def _whole_blocks(num_keys: int) -> int:
