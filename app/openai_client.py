@@ -35,9 +35,10 @@ using after any of them.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -48,6 +49,9 @@ from app.errors import AppError
 
 # Parameters OpenAI's API does not know: sent only when they change something.
 _EXTRA_PARAMS = {"top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
+
+# How long the end of a stream's body may take to arrive after `data: [DONE]`.
+_AFTER_DONE_TIMEOUT_S = 5.0
 
 
 class RemoteError(AppError):
@@ -306,31 +310,49 @@ class ChatStream:
         stats = self.stats
         stats.started = time.perf_counter()
         done = False
+        events: AsyncGenerator[str, None] | None = None
         try:
             async with client._http.stream("POST", "chat/completions", json=self._body) as response:
-                if response.status_code >= 400:
-                    await response.aread()
-                    client._raise_for_status(response)
-                kind = response.headers.get("content-type", "")
-                if not kind.startswith("text/event-stream"):
-                    await response.aread()
-                    raise RemoteProtocolError(
-                        f"The server at {client.base_url} did not stream its answer (content type "
-                        f"{kind or 'none'}: {_preview(response.text)!r}); is it OpenAI-compatible?"
-                    )
-                async for data in _sse_data(response):
-                    if data == "[DONE]":
-                        done = True
-                        break
-                    delta = self._take(data)
-                    if delta:
-                        now = time.perf_counter()
-                        if stats.ttft_s is None:
-                            stats.ttft_s = now - stats.started
-                        stats._last_text_at = now
-                        stats.elapsed_s = now - stats.started
-                        self.text += delta
-                        yield delta
+                try:
+                    if response.status_code >= 400:
+                        await response.aread()
+                        client._raise_for_status(response)
+                    kind = response.headers.get("content-type", "")
+                    if not kind.startswith("text/event-stream"):
+                        await response.aread()
+                        raise RemoteProtocolError(
+                            f"The server at {client.base_url} did not stream its answer (content type "
+                            f"{kind or 'none'}: {_preview(response.text)!r}); is it OpenAI-compatible?"
+                        )
+                    events = _sse_data(response)
+                    async for data in events:
+                        if data == "[DONE]":
+                            done = True
+                            break
+                        delta = self._take(data)
+                        if delta:
+                            now = time.perf_counter()
+                            if stats.ttft_s is None:
+                                stats.ttft_s = now - stats.started
+                            stats._last_text_at = now
+                            stats.elapsed_s = now - stats.started
+                            self.text += delta
+                            yield delta
+                    if done:
+                        await _read_to_end(events)
+                finally:
+                    # However the stream ends (done, stopped, failed), close it
+                    # here, in this task, response first. httpx reads through
+                    # a stack of async generators; one left suspended is closed
+                    # whenever the garbage collector finds it, and under the
+                    # window's loop (qasync installs no async-generator hooks)
+                    # that happens outside any task, where closing a live
+                    # connection cannot work ("async generator ignored
+                    # GeneratorExit"). With the response closed first, those
+                    # generators have nothing left to do when they go.
+                    await response.aclose()
+                    if events is not None:
+                        await events.aclose()
         except httpx.HTTPError as exc:
             raise client._transport_error(exc, "chat/completions") from None
         finally:
@@ -411,7 +433,20 @@ def request_params(params: Any) -> dict[str, Any]:
     return out
 
 
-async def _sse_data(response: httpx.Response) -> AsyncIterator[str]:
+async def _read_to_end(events: AsyncIterator[str]) -> None:
+    """After `data: [DONE]`: read the rest of the body (normally only its
+    end) so that every generator under `events` finishes on its own and the
+    connection goes back to the pool for the next request. A server that
+    keeps the body open past [DONE] is cut off after a moment instead."""
+    try:
+        async with asyncio.timeout(_AFTER_DONE_TIMEOUT_S):
+            async for _ in events:
+                pass  # nothing may follow [DONE]; a server that sends more is ignored
+    except (TimeoutError, httpx.HTTPError):
+        pass  # the reply is complete; only the connection is not reused
+
+
+async def _sse_data(response: httpx.Response) -> AsyncGenerator[str, None]:
     """The `data` of each server-sent event (multi-line data joined with newlines)."""
     lines: list[str] = []
     async for line in response.aiter_lines():

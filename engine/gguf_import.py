@@ -865,7 +865,7 @@ def _publish(staging: Path, dest: Path, stamp: dict[str, Any]) -> Path:
             if not dest.exists():
                 raise ModelLoadError(f"Could not create {dest}: {exc}") from exc
             _check_replaceable(dest)
-            _discard(dest)
+            discard_folder(dest)
             continue
         _fsync_dir(dest.parent)
         return dest
@@ -874,9 +874,10 @@ def _publish(staging: Path, dest: Path, stamp: dict[str, Any]) -> Path:
     )
 
 
-def _discard(folder: Path) -> None:
-    # Renamed to a partial name first, so that a crash while deleting leaves
-    # only something the stale-partial sweep removes.
+def discard_folder(folder: Path) -> None:
+    """Delete an imported model folder. It is renamed to a partial name
+    first, so a crash while deleting leaves only what the stale-partial sweep
+    of the next import removes."""
     doomed = folder.parent / f".{folder.name}{_PARTIAL_INFIX}{secrets.token_hex(6)}"
     try:
         os.rename(folder, doomed)

@@ -41,7 +41,7 @@ class Linear:
         self.bias = bias
         self.out_features = weight.shape[0]
         self._packed: torch.Tensor | None = None
-        if weight.device.type == "cpu" and _cpu_packing_available(weight.dtype):
+        if weight.device.type == "cpu" and cpu_weight_packing(weight.dtype):
             self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -65,7 +65,9 @@ class Linear:
         return out[:count]
 
 
-def _cpu_packing_available(dtype: torch.dtype) -> bool:
+def cpu_weight_packing(dtype: torch.dtype) -> bool:
+    """Whether CPU linear layers of this dtype keep a oneDNN-packed copy of
+    their weights beside the original (memory estimates count it)."""
     if dtype not in _packing_works:
         _packing_works[dtype] = _check_packing(dtype)
     return _packing_works[dtype]

@@ -18,9 +18,16 @@ prompt n times. A client that goes away (a closed stream or an abandoned
 non-streaming call) aborts its requests, which frees their KV pages at the
 engine's next step.
 
-`create_app(engine, model_name)` builds the ASGI app for an engine someone
-else owns (the desktop app serves the engine it has loaded);
-`serve_in_thread(...)` runs that app with uvicorn on a background thread.
+One server can serve several engines, each under its own model id: a
+request's `model` picks the engine, and `GET /v1/models` lists them all.
+`ServedModels` holds that mapping and may change while the server runs (the
+desktop app loads and unloads models); a request keeps the engine it started
+on, and one whose engine is closed under it ends with a clean 503 error, never
+a hang. An engine that is closed is no longer served.
+
+`create_app(engines)` builds the ASGI app for engines someone else owns (the
+desktop app serves the ones it has loaded); `serve_in_thread(...)` runs that
+app with uvicorn on a background thread.
 
 This module imports neither torch nor uvicorn at import time, so that the
 CLI's `--help` stays quick.
@@ -37,8 +44,8 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
@@ -166,19 +173,21 @@ class _Choices:
         return next((o.error for o in self.outputs if o is not None and o.error is not None), None)
 
 
-async def _guarded(stream: AsyncIterator[str]) -> AsyncIterator[str]:
+async def _guarded(stream: AsyncIterator[str], model: str) -> AsyncIterator[str]:
     """An event stream that reports an engine failure mid-call (the engine
     closed under it) as an error event instead of a broken connection."""
     try:
         async for item in stream:
             yield item
     except EngineError as exc:
-        yield _sse(_engine_failure(exc).body())
+        yield _sse(_engine_failure(exc, model).body())
 
 
-def _engine_failure(error: Exception) -> APIError:
+def _engine_failure(error: Exception, model: str | None = None) -> APIError:
     if isinstance(error, EngineClosedError):
-        return APIError(503, "The model server is shutting down; try again later.",
+        what = f"The model '{model}'" if model else "The model"
+        return APIError(503, f"{what} was unloaded, or the server is shutting down, before the "
+                        "answer was complete; try again later.",
                         type="server_error", code="engine_closed")
     log.error("generation failed: %s", error)
     return APIError(500, f"The model failed while generating: {error}", type="server_error",
@@ -246,12 +255,69 @@ async def _until_disconnected(receive: Receive) -> None:
         pass
 
 
+@dataclass(slots=True, frozen=True)
+class _Served:
+    engine: Engine
+    created: int  # when it started being served under its id: the model card's `created`
+
+
+class ServedModels:
+    """The engines a server serves, by model id; safe to change from any
+    thread while the server runs.
+
+    The engines stay their owner's: closing one (after taking it out, or
+    not) is the owner's business. A closed engine is no longer served, and
+    the requests it was running end with a 503 error.
+    """
+
+    def __init__(self, engines: Mapping[str, Engine] | None = None) -> None:
+        self._lock = threading.Lock()
+        # Replaced whole, never changed in place: readers on the server's
+        # thread take the current mapping without locking.
+        self._served: Mapping[str, _Served] = {}
+        if engines:
+            self.set(engines)
+
+    def set(self, engines: Mapping[str, Engine]) -> None:
+        """Serve exactly `engines` from now on. A request already running
+        keeps its engine; an id that stays on the same engine keeps its card."""
+        checked = dict(engines)
+        for model_id, engine in checked.items():
+            if not isinstance(model_id, str) or not model_id.strip():
+                raise ValueError(f"A model id must be a non-empty string, not {model_id!r}")
+            if not hasattr(engine, "submit"):
+                raise TypeError(f"The model '{model_id}' maps to {type(engine).__name__}, not an Engine")
+        with self._lock:
+            old = self._served
+            now = proto.now()
+            self._served = {
+                model_id: old[model_id] if model_id in old and old[model_id].engine is engine
+                else _Served(engine, now)
+                for model_id, engine in checked.items()
+            }
+
+    def get(self, model_id: str) -> Engine | None:
+        """The open engine served as `model_id`, else None."""
+        served = self._served.get(model_id)
+        return served.engine if served is not None and not served.engine.closed else None
+
+    def cards(self) -> list[dict[str, Any]]:
+        """The model cards of the open engines, in the order they were given."""
+        return [proto.model_card(model_id, served.created) for model_id, served in self._served.items()
+                if not served.engine.closed]
+
+    def ids(self) -> list[str]:
+        return [card["id"] for card in self.cards()]
+
+    def engines(self) -> dict[str, Engine]:
+        """A snapshot of the mapping (closed engines included)."""
+        return {model_id: served.engine for model_id, served in self._served.items()}
+
+
 @dataclass(slots=True)
 class _ServerState:
-    engine: Engine
-    model_name: str
+    models: ServedModels
     api_key: str | None
-    created: int = field(default_factory=proto.now)
 
 
 Handler = Callable[[Request, _ServerState], Awaitable[Response]]
@@ -279,15 +345,28 @@ def _check_api_key(request: Request, api_key: str) -> None:
         raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
 
 
-def _check_model(state: _ServerState, model: str) -> None:
-    if model != state.model_name:
-        raise APIError(
-            404,
-            f"The model '{model}' does not exist on this server; it serves '{state.model_name}' "
-            "(see GET /v1/models).",
-            param="model",
-            code="model_not_found",
-        )
+def _engine_for(state: _ServerState, model: str) -> Engine:
+    engine = state.models.get(model)
+    if engine is None:
+        raise _model_not_found(state, model)
+    return engine
+
+
+def _model_not_found(state: _ServerState, model: str) -> APIError:
+    ids = state.models.ids()
+    if not ids:
+        served = "it has no model loaded right now"
+    elif len(ids) == 1:
+        served = f"it serves '{ids[0]}'"
+    else:
+        served = "it serves " + ", ".join(f"'{i}'" for i in ids[:10]) + (", ..." if len(ids) > 10 else "")
+    return APIError(
+        404,
+        f"The model '{model}' does not exist on this server or is not loaded; {served} "
+        "(see GET /v1/models).",
+        param="model",
+        code="model_not_found",
+    )
 
 
 # -- sampling and prompts -----------------------------------------------------------
@@ -340,16 +419,16 @@ async def _encode(engine: Engine, prompt: Any, param: str) -> list[int]:
         raise APIError(500, str(exc), type="server_error", code="template_error") from None
 
 
-def _start(choices: _Choices, param: str) -> None:
+def _start(choices: _Choices, param: str, model: str) -> None:
     try:
         choices.start()
     except PromptError as exc:  # RequestTooLargeError included: prompt + max_tokens too long
         raise APIError(400, str(exc), param=param, code="context_length_exceeded") from None
     except EngineClosedError as exc:
-        raise _engine_failure(exc) from None
+        raise _engine_failure(exc, model) from None
 
 
-async def _wait_or_disconnect(request: Request, choices: _Choices) -> list[RequestOutput] | None:
+async def _wait_or_disconnect(request: Request, choices: _Choices, model: str) -> list[RequestOutput] | None:
     """Run the choices to the end; None (and everything aborted) when the
     client hangs up first, so nobody's pages are held for a dead socket."""
     done = asyncio.ensure_future(choices.collect())
@@ -360,7 +439,7 @@ async def _wait_or_disconnect(request: Request, choices: _Choices) -> list[Reque
             try:
                 return done.result()
             except EngineError as exc:
-                raise _engine_failure(exc) from None
+                raise _engine_failure(exc, model) from None
         choices.abort()
         return None
     finally:
@@ -375,12 +454,15 @@ async def _wait_or_disconnect(request: Request, choices: _Choices) -> list[Reque
 
 
 async def _models(request: Request, state: _ServerState) -> Response:
-    return JSONResponse({"object": "list", "data": [proto.model_card(state.model_name, state.created)]})
+    return JSONResponse({"object": "list", "data": state.models.cards()})
 
 
 async def _model(request: Request, state: _ServerState) -> Response:
-    _check_model(state, request.path_params["model"])
-    return JSONResponse(proto.model_card(state.model_name, state.created))
+    model = request.path_params["model"]
+    card = next((c for c in state.models.cards() if c["id"] == model), None)
+    if card is None:
+        raise _model_not_found(state, model)
+    return JSONResponse(card)
 
 
 async def _health(request: Request, state: _ServerState) -> Response:
@@ -389,14 +471,13 @@ async def _health(request: Request, state: _ServerState) -> Response:
 
 async def _chat_completions(request: Request, state: _ServerState) -> Response:
     req = proto.parse_chat_request(await _read_json(request))
-    _check_model(state, req.model)
-    engine, fields = state.engine, req.sampling
+    engine, fields, model = _engine_for(state, req.model), req.sampling, req.model
     ids = await _encode(engine, req.messages, "messages")
     limit = _max_tokens(engine, len(ids), fields.max_tokens, None)
     choices = _Choices(engine, [ids], _params_per_choice(fields, [limit], fields.n), fields.n)
-    _start(choices, "messages")
+    _start(choices, "messages", model)
     rid, created = proto.new_id("chatcmpl"), proto.now()
-    head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": state.model_name,
+    head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
             "system_fingerprint": None}
 
     if req.stream:
@@ -405,7 +486,7 @@ async def _chat_completions(request: Request, state: _ServerState) -> Response:
             started: set[int] = set()
             async for idx, event in choices.events():
                 if event.output is not None and event.output.error is not None:
-                    yield _sse(_engine_failure(event.output.error).body())
+                    yield _sse(_engine_failure(event.output.error, model).body())
                     return
                 if event.text:
                     delta = {"content": event.text}
@@ -425,16 +506,16 @@ async def _chat_completions(request: Request, state: _ServerState) -> Response:
                 yield _sse({**head, "choices": [], "usage": choices.usage()})
             yield "data: [DONE]\n\n"
 
-        return _EventStream(_guarded(stream()), choices.abort)
+        return _EventStream(_guarded(stream(), model), choices.abort)
 
-    outputs = await _wait_or_disconnect(request, choices)
+    outputs = await _wait_or_disconnect(request, choices, model)
     if outputs is None:
         return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
     error = choices.first_error()
     if error is not None:
-        raise _engine_failure(error)
+        raise _engine_failure(error, model)
     return JSONResponse({
-        "id": rid, "object": "chat.completion", "created": created, "model": state.model_name,
+        "id": rid, "object": "chat.completion", "created": created, "model": model,
         "system_fingerprint": None,
         "choices": [{
             "index": i,
@@ -448,17 +529,16 @@ async def _chat_completions(request: Request, state: _ServerState) -> Response:
 
 async def _completions(request: Request, state: _ServerState) -> Response:
     req = proto.parse_completion_request(await _read_json(request))
-    _check_model(state, req.model)
-    engine, fields = state.engine, req.sampling
+    engine, fields, model = _engine_for(state, req.model), req.sampling, req.model
     prompts = [await _encode(engine, p, "prompt") for p in req.prompts]
     limits = [
         _max_tokens(engine, len(ids), fields.max_tokens, proto.COMPLETIONS_DEFAULT_MAX_TOKENS)
         for ids in prompts
     ]
     choices = _Choices(engine, prompts, _params_per_choice(fields, limits, fields.n), fields.n)
-    _start(choices, "prompt")
+    _start(choices, "prompt", model)
     rid, created = proto.new_id("cmpl"), proto.now()
-    head = {"id": rid, "object": "text_completion", "created": created, "model": state.model_name,
+    head = {"id": rid, "object": "text_completion", "created": created, "model": model,
             "system_fingerprint": None}
 
     if req.stream:
@@ -466,7 +546,7 @@ async def _completions(request: Request, state: _ServerState) -> Response:
             extra = {"usage": None} if req.include_usage else {}
             async for idx, event in choices.events():
                 if event.output is not None and event.output.error is not None:
-                    yield _sse(_engine_failure(event.output.error).body())
+                    yield _sse(_engine_failure(event.output.error, model).body())
                     return
                 if event.text:
                     yield _sse({**head, "choices": [
@@ -481,14 +561,14 @@ async def _completions(request: Request, state: _ServerState) -> Response:
                 yield _sse({**head, "choices": [], "usage": choices.usage()})
             yield "data: [DONE]\n\n"
 
-        return _EventStream(_guarded(stream()), choices.abort)
+        return _EventStream(_guarded(stream(), model), choices.abort)
 
-    outputs = await _wait_or_disconnect(request, choices)
+    outputs = await _wait_or_disconnect(request, choices, model)
     if outputs is None:
         return Response(status_code=499)
     error = choices.first_error()
     if error is not None:
-        raise _engine_failure(error)
+        raise _engine_failure(error, model)
     return JSONResponse({
         **head,
         "choices": [{
@@ -517,15 +597,24 @@ async def _unexpected_error(request: Request, exc: Exception) -> Response:
                                     type="server_error", code="internal_error"))
 
 
-def create_app(engine: Engine, model_name: str, *, api_key: str | None = None) -> Starlette:
-    """The ASGI app serving `engine` under the model id `model_name`.
+def create_app(
+    engines: Engine | Mapping[str, Engine] | ServedModels,
+    model_name: str | None = None,
+    *,
+    api_key: str | None = None,
+) -> Starlette:
+    """The ASGI app serving `engines`: one Engine (under `model_name`, by
+    default its folder's name), a mapping of model id -> Engine, or a
+    `ServedModels` to change while it serves. `app.state.models` is the
+    `ServedModels` in use either way.
 
-    The engine stays the caller's: the app never closes it. With `api_key`,
-    every /v1 request must carry `Authorization: Bearer <api_key>`.
+    The engines stay the caller's: the app never closes them. With
+    `api_key`, every /v1 request must carry `Authorization: Bearer <api_key>`.
     """
     if api_key is not None and not api_key:
         raise ValueError("api_key must be a non-empty string or None")
-    state = _ServerState(engine, model_name, api_key)
+    models = served_models(engines, model_name)
+    state = _ServerState(models, api_key)
     routes = [
         Route("/health", _endpoint(state, _health, auth=False), methods=["GET"]),
         Route("/v1/models", _endpoint(state, _models), methods=["GET"]),
@@ -533,10 +622,27 @@ def create_app(engine: Engine, model_name: str, *, api_key: str | None = None) -
         Route("/v1/chat/completions", _endpoint(state, _chat_completions), methods=["POST"]),
         Route("/v1/completions", _endpoint(state, _completions), methods=["POST"]),
     ]
-    return Starlette(
+    app = Starlette(
         routes=routes,
         exception_handlers={HTTPException: _http_error, Exception: _unexpected_error},
     )
+    app.state.models = models
+    return app
+
+
+def served_models(
+    engines: Engine | Mapping[str, Engine] | ServedModels, model_name: str | None = None
+) -> ServedModels:
+    """`engines` as a ServedModels (the same object when it already is one)."""
+    if isinstance(engines, ServedModels):
+        if model_name is not None:
+            raise TypeError("model_name names a single engine; a ServedModels has its own ids")
+        return engines
+    if isinstance(engines, Mapping):
+        if model_name is not None:
+            raise TypeError("model_name names a single engine; a mapping has its own ids")
+        return ServedModels(engines)
+    return ServedModels({model_name or model_name_for(engines): engines})
 
 
 def model_name_for(engine: Engine) -> str:
@@ -548,20 +654,25 @@ def model_name_for(engine: Engine) -> str:
 
 
 class RunningServer:
-    """A uvicorn server on a background thread, serving until `close()`."""
+    """A uvicorn server on a background thread, serving until `close()`.
 
-    def __init__(self, app: Any, sock: socket.socket) -> None:
+    `grace_s` is how long `close()` lets requests still running finish
+    before it cancels them (their engine requests are aborted)."""
+
+    def __init__(self, app: Any, sock: socket.socket, *, grace_s: float = 2.0) -> None:
         import uvicorn
 
+        self.app = app
         self.host, self.port = sock.getsockname()[:2]
         self._sock = sock
-        config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=2)
+        config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=grace_s)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
                                         name="tandem-openai-server", daemon=True)
         self._thread.start()
         while not self._server.started:
             if not self._thread.is_alive():
+                sock.close()
                 raise OSError(f"The server on {self.host}:{self.port} failed to start (see the log).")
             self._thread.join(0.01)
 
@@ -571,8 +682,18 @@ class RunningServer:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/v1"
 
+    @property
+    def models(self) -> ServedModels:
+        """What it serves; `.set(...)` changes that while it runs."""
+        return self.app.state.models
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
     def close(self) -> None:
-        """Stop accepting, end open streams (their requests are aborted), join."""
+        """Stop accepting, end open streams (their requests are aborted), join.
+        The port is free once this returns. Idempotent."""
         self._server.should_exit = True
         self._thread.join()
         self._sock.close()
@@ -588,7 +709,14 @@ def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     """A listening socket (port 0: a free one, chosen by the OS, with no race)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if sys.platform == "win32":
+        # Windows' SO_REUSEADDR would let us share a port another program
+        # listens on; exclusive use makes that an error, as elsewhere.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_EXCLUSIVEADDRUSE, 1)
+    else:
+        # Rebinding right after a stop works despite connections in TIME_WAIT;
+        # a port another socket listens on is still refused.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
     except OSError:
@@ -600,17 +728,20 @@ def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
 
 
 def serve_in_thread(
-    engine: Engine,
+    engines: Engine | Mapping[str, Engine] | ServedModels,
     model_name: str | None = None,
     *,
     host: str = "127.0.0.1",
     port: int = 0,
     api_key: str | None = None,
+    grace_s: float = 2.0,
 ) -> RunningServer:
-    """Serve `engine` on host:port (port 0: any free one) from a background
-    thread; `.base_url` says where, `.close()` stops it. The engine is not closed."""
-    app = create_app(engine, model_name or model_name_for(engine), api_key=api_key)
-    return RunningServer(app, bind(host, port))
+    """Serve `engines` (as `create_app` takes them) on host:port (port 0: any
+    free one) from a background thread; `.base_url` says where, `.models`
+    changes what it serves, `.close()` stops it. No engine is closed.
+    Raises OSError when the address cannot be bound (a port in use)."""
+    app = create_app(engines, model_name, api_key=api_key)
+    return RunningServer(app, bind(host, port), grace_s=grace_s)
 
 
 # -- the command line ---------------------------------------------------------------

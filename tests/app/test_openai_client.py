@@ -5,12 +5,15 @@ misbehaves on purpose."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import http.server
 import json
 import socket
+import sys
 import threading
 import time
-from collections.abc import Iterator
+import warnings
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +53,41 @@ def server(engine: Engine) -> Iterator[RunningServer]:
 
 async def _collect(stream: Any) -> list[str]:
     return [delta async for delta in stream]
+
+
+def _run_leaving_nothing_open(main: Callable[[], Awaitable[Any]]) -> Any:
+    """Run main() as the window does, then fail if anything it opened was
+    left for the garbage collector to close: an async generator of httpx
+    finalized outside its task ("async generator ignored GeneratorExit",
+    "cancel scope in a different task") or an unclosed socket
+    (ResourceWarning). pytest would only report those as warnings, after the
+    test passed.
+
+    The window's loop (qasync) installs no async-generator hooks, so a
+    generator left suspended is closed synchronously whenever it is
+    collected, and one that must await while closing breaks; asyncio's own
+    loop would hide that by closing it on a task of its own."""
+
+    async def without_asyncgen_hooks() -> Any:
+        sys.set_asyncgen_hooks(firstiter=None, finalizer=None)
+        try:
+            return await main()
+        finally:
+            gc.collect()  # while the loop still runs, as in the window
+
+    ignored: list[Any] = []
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = ignored.append
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ResourceWarning)
+            result = asyncio.run(without_asyncgen_hooks())
+            gc.collect()
+    finally:
+        sys.unraisablehook = previous_hook
+    assert not ignored, [f"{u.exc_type.__name__}: {u.exc_value} in {u.object!r}" for u in ignored]
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)], [str(w.message) for w in caught]
+    return result
 
 
 def test_base_url_forms() -> None:
@@ -332,3 +370,64 @@ def test_a_server_that_does_not_answer_in_time(bad_server: str) -> None:
 
     with pytest.raises(RemoteTimeoutError, match="did not answer in time"):
         asyncio.run(main())
+
+
+# -- nothing left open ----------------------------------------------------------------
+
+
+def test_a_finished_stream_leaves_nothing_open(server: RunningServer) -> None:
+    async def main() -> tuple[str, str | None]:
+        async with OpenAIClient(server.base_url, model="tiny") as client:
+            # Twice on one client: a stream read to its end leaves its connection reusable.
+            for _ in range(2):
+                stream = client.stream_chat(MESSAGES, {"temperature": 0.0, "max_tokens": 4})
+                text = "".join(await _collect(stream))
+        return text, stream.stats.finish_reason
+
+    text, finish = _run_leaving_nothing_open(main)
+    assert text and finish == "length"
+
+
+def test_a_stopped_stream_leaves_nothing_open(server: RunningServer, engine: Engine) -> None:
+    async def main() -> int:
+        async with OpenAIClient(server.base_url, model="tiny") as client:
+            stream = client.stream_chat(MESSAGES, {"temperature": 0.0, "max_tokens": 500},
+                                        extra={"ignore_eos": True})
+            got = 0
+            async for _ in stream:
+                got += 1
+                if got == 2:
+                    break
+            await stream.aclose()
+            # A task cancelled mid-stream (the pane's stop button) closes it the same way.
+            stream = client.stream_chat(MESSAGES, {"temperature": 0.0, "max_tokens": 500},
+                                        extra={"ignore_eos": True})
+            started = asyncio.Event()
+
+            async def pump() -> None:
+                async for _ in stream:
+                    started.set()
+
+            task = asyncio.create_task(pump())
+            await started.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await stream.aclose()
+            return got
+
+    assert _run_leaving_nothing_open(main) == 2
+    deadline = time.monotonic() + 60
+    while engine.stats().pages_used and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert engine.stats().pages_used == 0
+
+
+@pytest.mark.parametrize("scenario", ["error", "halfway"])
+def test_a_failed_stream_leaves_nothing_open(bad_server: str, scenario: str) -> None:
+    async def main() -> None:
+        async with OpenAIClient(f"{bad_server}/{scenario}/v1", model="m") as client:
+            with pytest.raises(RemoteStreamError):
+                await _collect(client.stream_chat(MESSAGES))
+
+    _run_leaving_nothing_open(main)

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ import openai
 import pytest
 
 from engine.engine import Engine
-from engine.server import RunningServer, model_name_for, serve_in_thread
+from engine.server import RunningServer, ServedModels, create_app, model_name_for, serve_in_thread
 
 MAX_TOKENS = 6
 
@@ -412,6 +413,118 @@ def test_unknown_routes_and_methods_get_json_errors(server: RunningServer) -> No
     r = httpx.get(f"{server.base_url}/chat/completions")
     assert r.status_code == 405
     assert r.json()["error"]["message"]
+
+
+# -- several models, changing while it serves ----------------------------------------
+
+
+@pytest.fixture()
+def tiny(tiny_model_dir: Path) -> Iterator[Engine]:
+    with Engine(str(tiny_model_dir), device="cpu", dtype="float32", kv_pages=256, threads=1) as eng:
+        yield eng
+
+
+def test_one_server_serves_several_models_and_follows_changes(engine: Engine, model: str, tiny: Engine) -> None:
+    models = ServedModels({model: engine, "tiny": tiny})
+    with serve_in_thread(models) as srv, \
+            openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0, timeout=300) as client:
+        assert srv.models is models
+        assert [m.id for m in client.models.list().data] == [model, "tiny"]
+        created = client.models.retrieve("tiny").created
+
+        # Each model id reaches its own engine.
+        expected = tiny.generate_outputs([[{"role": "user", "content": "Hi"}]], temperature=0.0, max_tokens=4)[0]
+        before = engine.stats().generated_tokens
+        reply = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Hi"}], temperature=0, max_tokens=4
+        )
+        assert reply.model == "tiny"
+        assert reply.choices[0].message.content == expected.text
+        assert engine.stats().generated_tokens == before
+
+        # Unloaded while serving: gone from the list, and asking for it is a 404 naming what is served.
+        models.set({model: engine})
+        assert [m.id for m in client.models.list().data] == [model]
+        with pytest.raises(openai.NotFoundError) as info:
+            client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+        error = info.value.body
+        assert error["code"] == "model_not_found" and error["param"] == "model"
+        assert "'tiny'" in error["message"] and f"'{model}'" in error["message"]
+        r = httpx.get(f"{srv.base_url}/models/tiny")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+
+        # Loaded again under another id; an id that stays on its engine keeps its card.
+        models.set({model: engine, "tiny-2": tiny})
+        reply = client.completions.create(model="tiny-2", prompt="Once", temperature=0, max_tokens=3)
+        assert reply.model == "tiny-2" and reply.choices[0].text
+
+        models.set({})
+        assert client.models.list().data == []
+        r = httpx.post(f"{srv.base_url}/chat/completions",
+                       json={"model": model, "messages": [{"role": "user", "content": "Hi"}]})
+        assert r.status_code == 404
+        assert "no model loaded" in r.json()["error"]["message"]
+    assert created > 0
+
+
+def test_a_closed_engine_ends_its_requests_with_an_error(tiny: Engine) -> None:
+    long = {"temperature": 0, "max_tokens": 1900, "extra_body": {"ignore_eos": True}}
+    with serve_in_thread({"tiny": tiny}) as srv, \
+            openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0, timeout=60) as client:
+        # A non-streaming request in flight on another thread...
+        waiting: dict[str, Any] = {}
+
+        def ask() -> None:
+            waiting["response"] = httpx.post(
+                f"{srv.base_url}/chat/completions", timeout=60,
+                json={"model": "tiny", "messages": [{"role": "user", "content": "Essay"}],
+                      "max_tokens": 1900, "temperature": 0, "ignore_eos": True})
+
+        thread = threading.Thread(target=ask)
+        thread.start()
+        # ...and a stream that has started.
+        stream = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Story"}], stream=True, **long
+        )
+        chunks = iter(stream)
+        next(chunks)
+        deadline = time.monotonic() + 30
+        while tiny.stats().running < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert tiny.stats().running == 2
+
+        started = time.monotonic()
+        tiny.close()  # the app unloads the model
+        with pytest.raises(openai.APIError) as info:
+            for _ in chunks:
+                pass
+        assert "was unloaded" in info.value.message
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+        response = waiting["response"]
+        assert response.status_code == 503
+        assert response.json()["error"]["code"] == "engine_closed"
+        assert time.monotonic() - started < 10  # ended, not waited out
+
+        # A closed engine is no longer served, even before its owner takes it out.
+        assert client.models.list().data == []
+        with pytest.raises(openai.NotFoundError):
+            client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}])
+        # The server itself keeps serving.
+        assert httpx.get(srv.base_url.removesuffix("/v1") + "/health").status_code == 200
+
+
+def test_create_app_checks_its_arguments(tiny: Engine) -> None:
+    with pytest.raises(TypeError, match="model_name"):
+        create_app({"a": tiny}, "b")
+    with pytest.raises(ValueError, match="non-empty"):
+        create_app({"": tiny})
+    with pytest.raises(TypeError, match="not an Engine"):
+        ServedModels({"a": object()})  # type: ignore[dict-item]
+    with pytest.raises(ValueError, match="api_key"):
+        create_app(tiny, api_key="")
+    app = create_app(tiny)
+    assert app.state.models.ids() == [model_name_for(tiny)]
 
 
 def _serve_command(model_dir: Path, *extra: str) -> list[str]:
