@@ -26,10 +26,37 @@ app.openai_client OpenAIClient for an OpenAI-compatible server (RemoteError
                   and subclasses).
 app.remote_pane   RemoteBackend (a pane's server: base_url, model, api_key
                   kept out of repr) and RemoteReply (one streaming reply).
+app.chat_store    ChatStore: conversations, messages and the pane layout in
+                  SQLite (WAL, schema version with migrations; a damaged file
+                  is kept aside and a new store started). StoreError and
+                  subclasses (disk full, read-only, locked, corrupt, newer).
+app.store_writer  StoreWriter: every write on one background thread, from
+                  snapshots taken on the caller's thread.
+app.chat_recorder ChatRecorder: keeps the store in step with a Workspace
+                  (messages, replies when they end, checkpoints of a
+                  streaming reply every ~2 s, the layout).
+app.session       ChatSession: open the store (crash detection), restore the
+                  panes, record, and mark a clean exit on close.
+app.chat_export   Markdown / JSON export, JSON import, side-by-side comparison.
+app.chats_cli     `tandem chats list|export|import` (no Qt, no torch).
+app.model_registry ModelRegistry: the default model plus added folders and
+                  imported GGUF files (models.json); ModelError subclasses.
+app.memory_estimate What a model will take (weights + KV pool) and whether it
+                  fits beside the models already loaded.
+app.local_server  LocalServer: serve the loaded engines over the OpenAI API.
 
 Workspace API (additions to the agreed contract are marked +)
 -------------------------------------------------------------
-    Workspace(settings=None, *, engine=None)   # + engine: an already loaded Engine
+    Workspace(settings=None, *, engine=None, resolve_model=None)
+        # engine: an already loaded Engine for settings.model;
+        # resolve_model(model_id) -> what Engine(model=...) takes
+    Each local pane runs conversation.model_id; panes on one model share one
+    engine (workspace.slots: model id -> ModelSlot). load_model(id) /
+    unload_model(id), engine_for(id), model_state(id), pane_model_state(pane),
+    loaded_models(), model_busy(id), model_in_use(id); set_model(pane, id),
+    set_context_policy(pane, "stop" | "drop_oldest"), open_conversation(conv).
+    engine / engine_state / load_progress / load_error describe the default
+    (settings.model) model.
     panes: list[Pane]; pane(id) -> Pane (+); index_of(id) (+)
     add_pane(after=None), close_pane(id) (LastPaneError for the only pane),
     move_pane(id, new_index), fork_pane(id, message_index), clear_pane(id) (+),

@@ -14,10 +14,14 @@ conversation back (regenerate, edit, fork) cuts the kept ids at that mark.
 from __future__ import annotations
 
 import copy
+import re
+import time
+import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from engine.sampling import SamplingParams
+from engine.params import SamplingParams
 
 from app.errors import MessageIndexError
 
@@ -25,8 +29,14 @@ if TYPE_CHECKING:
     from engine.sequence import RequestOutput, StreamEvent
     from engine.tokenizer import Tokenizer
 
-Role = Literal["system", "user", "assistant"]
-MessageState = Literal["complete", "streaming", "stopped", "error"]
+# "notice": a note for the user in the conversation (older turns dropped to
+# fit the context, say); never sent to the model.
+Role = Literal["system", "user", "assistant", "notice"]
+# "interrupted": the app ended (crashed) while the reply streamed; it keeps
+# what its last checkpoint saved.
+MessageState = Literal["complete", "streaming", "stopped", "interrupted", "error"]
+ContextPolicy = Literal["stop", "drop_oldest"]
+CONTEXT_POLICIES: tuple[str, ...] = ("stop", "drop_oldest")
 
 DEFAULT_MODEL_ID = "default"
 
@@ -89,6 +99,15 @@ class Message:
     state: MessageState = "complete"
     stats: ReplyStats | None = None
     error: str | None = None
+    created_at: float = field(default_factory=time.time)
+    # assistant: the model that wrote it and the sampling it used.
+    model_id: str | None = None
+    params: SamplingParams | None = None
+
+    @property
+    def to_model(self) -> bool:
+        """Whether the message is part of what the model is fed."""
+        return self.role != "notice" and self.state != "error"
 
 
 @dataclass(slots=True)
@@ -114,12 +133,22 @@ class Conversation:
         params: SamplingParams | None = None,
         model_id: str = DEFAULT_MODEL_ID,
         context_limit: int = 0,
+        context_policy: ContextPolicy = "stop",
+        title: str = "",
     ) -> None:
+        if context_policy not in CONTEXT_POLICIES:
+            raise ValueError(f"context_policy must be one of {CONTEXT_POLICIES}, not {context_policy!r}")
+        self.id = uuid.uuid4().hex  # the chat store's key; a fork is a new conversation
+        self.title = title  # "" until the first message names it (auto_title)
+        self.created_at = time.time()
         self.system_prompt = system_prompt
         self.params = params if params is not None else SamplingParams()
         self.model_id = model_id
         # The model's context in tokens; 0 until a model is loaded.
         self.context_limit = context_limit
+        # What to do when the next turn does not fit the context: refuse it,
+        # or leave the oldest turns out of the prompt (they stay on screen).
+        self.context_policy: ContextPolicy = context_policy
         self.messages: list[Message] = []
         self._kept_ids: list[int] = []
         # _kept_after[i]: how many kept ids cover messages[: i + 1], for a
@@ -127,6 +156,71 @@ class Conversation:
         # only ever fed together with the generation prompt after it).
         self._kept_after: list[int | None] = []
         self._turn: _Turn | None = None
+
+    @classmethod
+    def restore(
+        cls,
+        *,
+        id: str,  # noqa: A002 - the stored record's name for it
+        title: str,
+        created_at: float,
+        system_prompt: str,
+        params: SamplingParams,
+        model_id: str,
+        context_policy: str,
+        messages: Sequence[Message],
+        kept_ids: Sequence[int],
+        turn_marks: Sequence[int | None],
+    ) -> Conversation:
+        """A conversation as the chat store saved it.
+
+        A reply saved while it streamed (the app ended before it did) comes
+        back "interrupted" with the text it had. Marks that do not fit the
+        kept ids are dropped: the next turn then renders afresh instead of
+        feeding the model ids that do not belong to this text.
+        """
+        conversation = cls(
+            system_prompt=system_prompt,
+            params=params,
+            model_id=model_id,
+            context_policy=context_policy if context_policy in CONTEXT_POLICIES else "stop",  # type: ignore[arg-type]
+            title=title,
+        )
+        conversation.id = id
+        conversation.created_at = created_at
+        conversation.messages = list(messages)
+        for message in conversation.messages:
+            if message.state == "streaming":
+                message.state = "interrupted"
+        conversation._kept_ids = list(kept_ids)
+        marks = list(turn_marks)[: len(messages)]
+        marks += [None] * (len(messages) - len(marks))
+        conversation._kept_after = [m if m is not None and 0 < m <= len(kept_ids) else None for m in marks]
+        # An interrupted reply's ids were never confirmed as part of the
+        # conversation: its text is kept, its turn is rendered afresh.
+        for i, message in enumerate(conversation.messages):
+            if message.state in ("interrupted", "error"):
+                conversation._kept_after[i] = None
+        last = max((m for m in conversation._kept_after if m is not None), default=0)
+        conversation._kept_ids = conversation._kept_ids[:last]
+        return conversation
+
+    @staticmethod
+    def auto_title(text: str, limit: int = 60) -> str:
+        """A title from the first message: its first line, whitespace collapsed, cut at a word."""
+        line = next((ln for ln in text.strip().splitlines() if ln.strip()), "")
+        line = re.sub(r"\s+", " ", line).strip()
+        if len(line) <= limit:
+            return line
+        cut = line[: limit - 1]
+        if " " in cut[limit // 2 :]:
+            cut = cut[: cut.rindex(" ")]
+        return cut.rstrip(" ,.;:-") + "…"
+
+    @property
+    def turn_marks(self) -> list[int | None]:
+        """For each message, how many kept ids cover the conversation up to it (None: not a turn's end)."""
+        return list(self._kept_after)
 
     # -- what the model sees ---------------------------------------------
 
@@ -150,16 +244,31 @@ class Conversation:
     def streaming_index(self) -> int | None:
         return None if self._turn is None else self._turn.index
 
-    def chat_messages(self, upto: int | None = None, user_text: str | None = None) -> list[dict[str, str]]:
-        """The conversation as chat-template messages: system prompt, messages[:upto], then user_text.
+    def context_start(self, upto: int | None = None) -> int:
+        """Index of the first message of messages[:upto] the model is fed: the
+        one after the last notice (a notice marks where older turns were left out)."""
+        upto = len(self.messages) if upto is None else upto
+        for i in range(min(upto, len(self.messages)) - 1, -1, -1):
+            if self.messages[i].role == "notice":
+                return i + 1
+        return 0
 
-        A reply that failed is left out: the model never produced it.
+    def chat_messages(
+        self, upto: int | None = None, user_text: str | None = None, start: int | None = None
+    ) -> list[dict[str, str]]:
+        """The conversation as chat-template messages: system prompt,
+        messages[start:upto], then user_text. `start` defaults to
+        `context_start(upto)`.
+
+        A reply that failed and notices are left out: the model never produced them.
         """
+        upto = len(self.messages) if upto is None else upto
+        start = self.context_start(upto) if start is None else start
         chat: list[dict[str, str]] = []
         if self.system_prompt:
             chat.append({"role": "system", "content": self.system_prompt})
-        for message in self.messages[: len(self.messages) if upto is None else upto]:
-            if message.state != "error":
+        for message in self.messages[start:upto]:
+            if message.to_model:
                 chat.append({"role": message.role, "content": message.text})
         if user_text is not None:
             chat.append({"role": "user", "content": user_text})
@@ -181,11 +290,48 @@ class Conversation:
         Without `user_text`, messages[:upto] must end with a user message.
         """
         upto = len(self.messages) if upto is None else upto
+        self._require_user_message(upto, user_text)
+        return tokenizer.encode_next_turn(self.kept_ids_for(upto), self.chat_messages(upto, user_text))
+
+    def prompt_dropping_oldest(
+        self, tokenizer: Tokenizer, budget: int, user_text: str | None = None, upto: int | None = None
+    ) -> tuple[list[int], int] | None:
+        """The prompt of `next_prompt` with the oldest turns left out until it is
+        at most `budget` tokens; returns (prompt, start) where messages[start:upto]
+        are the ones kept, or None when even the newest message alone does not fit.
+
+        The system prompt is always kept. Turns are dropped whole (a user
+        message with its replies), and the prompt is rendered afresh from what
+        is kept, so the turns after it extend it and hit the cache again.
+        """
+        upto = len(self.messages) if upto is None else upto
+        self._require_user_message(upto, user_text)
+        first = self.context_start(upto)
+        # Candidate starts: each user message after the current start, oldest
+        # first; without user_text the last user message must stay.
+        starts = [i for i in range(first + 1, upto) if self.messages[i].role == "user"]
+        if user_text is not None:
+            starts.append(upto)
+        for start in starts:
+            prompt = tokenizer.encode_chat(self.chat_messages(upto, user_text, start=start))
+            if len(prompt) <= budget:
+                return prompt, start
+        return None
+
+    def insert_notice(self, index: int, text: str) -> int:
+        """Insert a notice before messages[index]; the model is fed only what follows it."""
+        self._require_idle()
+        if not 0 <= index <= len(self.messages):
+            raise MessageIndexError(f"Cannot insert a notice at {index} of {len(self.messages)} messages.")
+        self.messages.insert(index, Message("notice", text))
+        self._kept_after.insert(index, None)
+        return index
+
+    def _require_user_message(self, upto: int, user_text: str | None) -> None:
         if user_text is None:
-            last = next((m for m in reversed(self.messages[:upto]) if m.state != "error"), None)
+            last = next((m for m in reversed(self.messages[:upto]) if m.to_model), None)
             if last is None or last.role != "user":
                 raise MessageIndexError("There is no user message to reply to.")
-        return tokenizer.encode_next_turn(self.kept_ids_for(upto), self.chat_messages(upto, user_text))
 
     # -- recording a turn ----------------------------------------------------
 
@@ -198,7 +344,12 @@ class Conversation:
     def begin_reply(self, prompt_ids: list[int]) -> int:
         """Add the (empty, streaming) reply that `prompt_ids` asks for; returns its index."""
         self._require_idle()
-        self.messages.append(Message("assistant", "", state="streaming"))
+        if not self.title:
+            first = next((m.text for m in self.messages if m.role == "user"), "")
+            self.title = self.auto_title(first)
+        self.messages.append(
+            Message("assistant", "", state="streaming", model_id=self.model_id, params=self.params)
+        )
         self._kept_after.append(None)
         self._turn = _Turn(len(self.messages) - 1, list(prompt_ids))
         return self._turn.index
@@ -286,6 +437,8 @@ class Conversation:
             params=self.params,
             model_id=self.model_id,
             context_limit=self.context_limit,
+            context_policy=self.context_policy,
+            title=f"{self.title} (fork)" if self.title else "",
         )
         other.messages = copy.deepcopy(self.messages[:length])
         other._kept_after = list(self._kept_after[:length])

@@ -17,14 +17,18 @@ class AppError(Exception):
 class EngineNotReadyError(AppError):
     """A message was sent before the model finished loading (or after loading failed)."""
 
-    def __init__(self, state: str, load_error: str | None = None) -> None:
+    def __init__(self, state: str, load_error: str | None = None, *, model: str | None = None) -> None:
         self.state = state
+        self.model = model
+        name = f"The model {model}" if model else "The model"
         if state == "loading":
-            message = "The model is still loading; send the message once it is ready."
+            message = f"{name} is still loading; send the message once it is ready."
         elif state == "error":
-            message = f"The model could not be loaded ({load_error}). Fix the problem and load it again."
+            message = f"{name} could not be loaded ({load_error}). Fix the problem and load it again."
         elif state == "closed":
             message = "The application is shutting down; the message was not sent."
+        elif model:
+            message = f"{name} is not loaded; load it (the pane's model menu) before sending a message."
         else:
             message = "No model is loaded yet; load one before sending a message."
         super().__init__(message)

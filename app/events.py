@@ -77,11 +77,12 @@ class MessagesTruncated:
 
 @dataclass(slots=True, frozen=True)
 class EngineStateChanged:
-    """state: "unloaded" | "loading" | "ready" | "error" | "closed"."""
+    """A model's engine changed state: "unloaded" | "loading" | "ready" | "error" | "closed"."""
 
     state: str
     progress: LoadProgress | None
     error: str | None
+    model_id: str = "default"
 
 
 WorkspaceEvent = Union[

@@ -7,25 +7,40 @@ are ignored (a newer version may have written them). A file that cannot be read,
 never stops the application: the valid values are used, the rest fall back to
 their defaults, the file is kept aside as `settings.json.bad` for the user to
 look at, and `load_warning` says what happened.
+
+The rules for each value live in one table (`_RULES`), used both when the
+file is read and when the settings dialog checks what the user typed, so the
+two never disagree: `check_value(key, value)` says why a value is refused,
+`Settings.problems()` lists everything wrong with a whole settings object,
+and `save()` refuses to write settings that would not load back cleanly.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import platformdirs
 
-from engine.sampling import InvalidSamplingParams, SamplingParams
+from app.conversation import CONTEXT_POLICIES
+from app.errors import AppError
+from engine.params import InvalidSamplingParams, SamplingParams
 
 SETTINGS_FILE_NAME = "settings.json"
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 THEMES = ("system", "light", "dark")
+# The engine takes any page size of at least 1. Settings keep to powers of two
+# up to 256: a power of two turns the `pos // page_size`, `pos % page_size` of
+# every attention step into shifts and masks, and the prefix cache shares whole
+# pages only, so past a few hundred tokens a page would rarely be shared at all.
+PAGE_SIZES = tuple(1 << i for i in range(9))  # 1, 2, 4, ..., 256
+DEFAULT_PAGE_SIZE = 16
 # The sampling parameters a user sets per pane; the others (stop strings,
 # ignore_eos) are for programs, not people.
 PARAM_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens", "seed")
@@ -52,6 +67,11 @@ class Settings:
     # a core for the GUI thread on a small machine).
     threads: int | None = None
     kv_cache_mb: int | None = None  # None: the engine's default KV-cache size
+    page_size: int = DEFAULT_PAGE_SIZE  # tokens per KV-cache page
+    # What a new pane does when its conversation outgrows the model's context:
+    # "stop" (refuse the turn, say why) or "drop_oldest" (leave the oldest
+    # turns out of the prompt, keeping the system prompt).
+    context_policy: str = "stop"
     default_params: SamplingParams = field(default_factory=SamplingParams)
     default_system_prompt: str = ""
     theme: str = "system"
@@ -103,24 +123,14 @@ class Settings:
         """Settings from a JSON object, and a description of each value that was not valid."""
         settings = cls()
         problems: list[str] = []
-
-        def take(key: str, ok: Any, allowed: str) -> None:
+        for key, rule in _RULES.items():
             if key not in raw:
-                return
+                continue
             value = raw[key]
-            if ok(value):
+            if rule.ok(value):
                 setattr(settings, key, value)
             else:
-                problems.append(f"{key} must be {allowed}, not {value!r}")
-
-        take("model", lambda v: isinstance(v, str) and v != "", "a model name, folder or file")
-        take("device", lambda v: v in DEVICES, " or ".join(DEVICES))
-        take("dtype", lambda v: v in DTYPES, " or ".join(DTYPES))
-        take("threads", lambda v: v is None or (_is_int(v) and v >= 1), "a whole number >= 1 or null")
-        take("kv_cache_mb", lambda v: v is None or (_is_int(v) and v >= 1), "a whole number >= 1 or null")
-        take("default_system_prompt", lambda v: isinstance(v, str), "text")
-        take("theme", lambda v: v in THEMES, " or ".join(THEMES))
-        take("ui_state", lambda v: isinstance(v, dict), "an object")
+                problems.append(f"{key} must be {rule.allowed}, not {value!r}")
 
         params = raw.get("default_params")
         if params is not None:
@@ -140,6 +150,25 @@ class Settings:
                 settings.default_params = SamplingParams(**values)
         return settings, problems
 
+    # -- checking --------------------------------------------------------------
+
+    def problems(self) -> list[SettingProblem]:
+        """Every value that is not valid, each with the reason (empty: all valid)."""
+        found = []
+        for key in _RULES:
+            reason = check_value(key, getattr(self, key))
+            if reason is not None:
+                found.append(SettingProblem(key, reason))
+        if not isinstance(self.default_params, SamplingParams):
+            found.append(SettingProblem("default_params", "The default sampling parameters are missing."))
+        return found
+
+    def validate(self) -> None:
+        """Raise InvalidSettingsError (with every reason) unless all values are valid."""
+        found = self.problems()
+        if found:
+            raise InvalidSettingsError(found)
+
     # -- writing ---------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
@@ -154,7 +183,12 @@ class Settings:
         return out
 
     def save(self, path: str | Path | None = None) -> Path:
-        """Write the settings atomically (a crash leaves the old file or the new one, never half of one)."""
+        """Write the settings atomically (a crash leaves the old file or the new one, never half of one).
+
+        Raises InvalidSettingsError, writing nothing, when a value is not
+        valid: a file the next start would have to set aside helps nobody.
+        """
+        self.validate()
         path = Path(path) if path is not None else settings_path()
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_name(path.name + ".tmp")
@@ -164,10 +198,77 @@ class Settings:
 
     def engine_kwargs(self) -> dict[str, Any]:
         """The Engine constructor arguments these settings choose."""
-        kwargs: dict[str, Any] = {"model": self.model, "device": self.device, "dtype": self.dtype, "threads": self.threads}
+        kwargs: dict[str, Any] = {
+            "model": self.model,
+            "device": self.device,
+            "dtype": self.dtype,
+            "threads": self.threads,
+            "page_size": self.page_size,
+        }
         if self.kv_cache_mb is not None:
             kwargs["kv_cache_bytes"] = self.kv_cache_mb * 1024 * 1024
         return kwargs
+
+
+@dataclass(slots=True, frozen=True)
+class SettingProblem:
+    key: str  # the Settings field, e.g. "page_size"
+    message: str  # a sentence for a person: what is wrong and what is allowed
+
+
+class InvalidSettingsError(AppError):
+    """Settings with values that are not valid; `problems` names each one."""
+
+    def __init__(self, problems: list[SettingProblem]) -> None:
+        self.problems = list(problems)
+        super().__init__(" ".join(problem.message for problem in self.problems))
+
+
+@dataclass(slots=True, frozen=True)
+class _Rule:
+    label: str  # how the settings dialog names the value
+    ok: Callable[[Any], bool]
+    allowed: str  # completes "<label> must be ..."
+
+
+_RULES: dict[str, _Rule] = {
+    "model": _Rule("The model", lambda v: isinstance(v, str) and v != "", "a model name, folder or file"),
+    "device": _Rule("The device", lambda v: v in DEVICES, " or ".join(DEVICES)),
+    "dtype": _Rule("The data type", lambda v: v in DTYPES, " or ".join(DTYPES)),
+    "threads": _Rule(
+        "CPU threads", lambda v: v is None or (_is_int(v) and v >= 1),
+        "a whole number of at least 1, or automatic (null)",
+    ),
+    "kv_cache_mb": _Rule(
+        "The KV cache budget", lambda v: v is None or (_is_int(v) and v >= 1),
+        "a whole number of megabytes of at least 1, or the engine's default (null)",
+    ),
+    "page_size": _Rule(
+        "The page size", lambda v: _is_int(v) and v in PAGE_SIZES,
+        "a power of two from 1 to 256 tokens (1, 2, 4, ..., 256)",
+    ),
+    "context_policy": _Rule(
+        "The context overflow policy", lambda v: v in CONTEXT_POLICIES,
+        " or ".join(f'"{p}"' for p in CONTEXT_POLICIES),
+    ),
+    "default_system_prompt": _Rule("The default system prompt", lambda v: isinstance(v, str), "text"),
+    "theme": _Rule("The theme", lambda v: v in THEMES, " or ".join(THEMES)),
+    "ui_state": _Rule("The window state", lambda v: isinstance(v, dict), "an object"),
+}
+
+
+def check_value(key: str, value: Any) -> str | None:
+    """Why `value` is not valid for the setting `key`, as a sentence; None when it is.
+
+    For the sampling defaults, build a SamplingParams: it checks its own
+    values and its InvalidSamplingParams says why.
+    """
+    rule = _RULES.get(key)
+    if rule is None:
+        raise KeyError(f"no setting named {key!r}")
+    if rule.ok(value):
+        return None
+    return f"{rule.label} must be {rule.allowed}, not {value!r}."
 
 
 def _is_int(value: Any) -> bool:

@@ -99,11 +99,37 @@ class Pane:
 
 
 @dataclass(eq=False)
+class ModelSlot:
+    """One model the workspace has loaded, is loading, or failed to load.
+
+    Panes on the same model share its one engine (one batch, one prefix cache).
+    """
+
+    model_id: str
+    state: str = "loading"  # "loading" | "ready" | "error"
+    engine: Engine | None = None
+    progress: LoadProgress | None = None
+    error: str | None = None
+    cancel: threading.Event | None = field(default=None, repr=False)
+
+
+@dataclass(slots=True)
+class _Plan:
+    """A pane's next prompt; `start` is set when older turns were left out
+    (messages[start:] are what the prompt holds) and `dropped` counts them."""
+
+    prompt: list[int]
+    start: int | None = None
+    dropped: int = 0
+
+
+@dataclass(eq=False)
 class _Run:
     """One batched engine call and the panes its requests belong to (by request index)."""
 
     batch: AsyncBatch
     panes: list[Pane]
+    engine: Engine
     task: asyncio.Task[None] | None = None
 
     def abort(self, pane: Pane | None = None) -> None:
@@ -115,9 +141,9 @@ class _Run:
 
 class Turn:
     """What `send` / `regenerate` / `edit_and_resend` started: one reply per
-    pane, the local ones in one engine batch, each remote one on its own."""
+    pane, the local ones in one engine batch per model, each remote one on its own."""
 
-    def __init__(self, panes: list[Pane], local: _Run | None, remote: list[RemoteReply]) -> None:
+    def __init__(self, panes: list[Pane], local: list[_Run], remote: list[RemoteReply]) -> None:
         self._panes = panes
         self._local = local
         self._remote = remote
@@ -128,11 +154,11 @@ class Turn:
 
     @property
     def request_ids(self) -> list[int]:
-        """The engine's request ids of the local panes' replies."""
-        return list(self._local.batch.request_ids) if self._local is not None else []
+        """The engine's request ids of the local panes' replies (batch by batch)."""
+        return [rid for run in self._local for rid in run.batch.request_ids]
 
     def _tasks(self) -> list[asyncio.Task[None]]:
-        runs: list[_Run | RemoteReply] = [*([self._local] if self._local else []), *self._remote]
+        runs: list[_Run | RemoteReply] = [*self._local, *self._remote]
         return [run.task for run in runs if run.task is not None]
 
     @property
@@ -148,8 +174,8 @@ class Turn:
             await asyncio.wait(tasks)
 
     def stop(self) -> None:
-        if self._local is not None:
-            self._local.abort()
+        for run in self._local:
+            run.abort()
         for reply in self._remote:
             reply.abort()
 
@@ -157,19 +183,85 @@ class Turn:
 class Workspace:
     """The panes, their conversations, and the engine they share."""
 
-    def __init__(self, settings: Settings | None = None, *, engine: Engine | None = None) -> None:
-        """`engine`: an engine that is already loaded (tests, scripts); otherwise call `load_engine`."""
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        engine: Engine | None = None,
+        resolve_model: Callable[[str], str] | None = None,
+    ) -> None:
+        """`engine`: an engine that is already loaded (tests, scripts), serving
+        the settings' model; otherwise call `load_engine` / `load_model`.
+        `resolve_model(model_id)` turns a pane's model id into what
+        `Engine(model=...)` takes (the model registry's `engine_model`); by
+        default the id is that already ("default", a folder or a .gguf file)."""
         self.settings = settings if settings is not None else Settings()
         self.panes: list[Pane] = []
-        self.engine: Engine | None = engine
-        self.engine_state = "ready" if engine is not None else "unloaded"
-        self.load_progress: LoadProgress | None = None
-        self.load_error: str | None = None
+        self.slots: dict[str, ModelSlot] = {}
+        if engine is not None:
+            self.slots[self.settings.model] = ModelSlot(self.settings.model, "ready", engine)
+        self._resolve_model = resolve_model if resolve_model is not None else (lambda model_id: model_id)
+        self._closed = False
         self._listeners: list[Listener] = []
         self._pane_ids = itertools.count(1)
         self._runs: set[_Run | RemoteReply] = set()
-        self._load_cancel: threading.Event | None = None
         self._closing: set[asyncio.Task[None]] = set()  # remote clients being closed
+
+    # -- the default model's engine (the one a new pane starts on) ---------------
+
+    @property
+    def default_model(self) -> str:
+        return self.settings.model
+
+    @property
+    def engine(self) -> Engine | None:
+        """The default model's engine when it is ready."""
+        return self.engine_for(self.default_model)
+
+    @property
+    def engine_state(self) -> str:
+        """The default model's state: "unloaded" | "loading" | "ready" | "error", or "closed" after shutdown."""
+        return self.model_state(self.default_model)
+
+    @property
+    def load_progress(self) -> LoadProgress | None:
+        slot = self.slots.get(self.default_model)
+        return slot.progress if slot is not None else None
+
+    @property
+    def load_error(self) -> str | None:
+        slot = self.slots.get(self.default_model)
+        return slot.error if slot is not None else None
+
+    def engine_for(self, model_id: str) -> Engine | None:
+        """The model's engine when it is loaded and ready, else None."""
+        slot = self.slots.get(model_id)
+        return slot.engine if slot is not None and slot.state == "ready" else None
+
+    def model_state(self, model_id: str) -> str:
+        if self._closed:
+            return "closed"
+        slot = self.slots.get(model_id)
+        return slot.state if slot is not None else "unloaded"
+
+    def pane_model_state(self, pane_id: int) -> str:
+        """"ready" for a remote pane; its model's state for a local one."""
+        pane = self.pane(pane_id)
+        if pane.remote is not None:
+            return "closed" if self._closed else "ready"
+        return self.model_state(pane.conversation.model_id)
+
+    def loaded_models(self) -> dict[str, Engine]:
+        """Model id -> engine, for every model that is ready."""
+        return {mid: slot.engine for mid, slot in self.slots.items() if slot.state == "ready" and slot.engine}
+
+    def model_busy(self, model_id: str) -> bool:
+        """Whether a reply is streaming from the model."""
+        return any(p.busy and p.remote is None and p.conversation.model_id == model_id for p in self.panes)
+
+    def model_in_use(self, model_id: str) -> bool:
+        """Whether an open local pane is set to the model."""
+        return any(p.remote is None and p.conversation.model_id == model_id for p in self.panes)
 
     # -- observing -------------------------------------------------------------
 
@@ -208,9 +300,44 @@ class Workspace:
             system_prompt=self.settings.default_system_prompt,
             params=self.settings.default_params,
             model_id=self.settings.model,
-            context_limit=self._context_limit(),
+            context_limit=self._context_limit(self.settings.model),
+            context_policy=self.settings.context_policy,  # type: ignore[arg-type]
         )
         return self._insert(conversation, after)
+
+    def open_conversation(
+        self, conversation: Conversation, after: int | None = None, *, title: str | None = None,
+        remote: RemoteBackend | None = None,
+    ) -> Pane:
+        """A new pane showing `conversation` (a saved one, or an import)."""
+        if conversation.streaming:
+            raise ValueError("A conversation that is still streaming cannot be opened in a second pane")
+        for pane in self.panes:
+            if pane.conversation is conversation:
+                raise ValueError("The conversation is already open")
+        if remote is None:
+            conversation.context_limit = self._context_limit(conversation.model_id)
+        return self._insert(conversation, after, title=title, remote=remote)
+
+    def set_model(self, pane_id: int, model_id: str) -> None:
+        """Run the pane on the local model `model_id` from its next reply on
+        (a remote pane comes back to the local engine). Loading the model is a
+        separate step (`load_model`), so the caller can check its memory first."""
+        pane = self.pane(pane_id)
+        self._refuse_busy([pane])
+        if pane.remote is not None:
+            old, pane.remote = pane.remote, None
+            self._close_backend(old, None)
+        pane.conversation.model_id = model_id
+        pane.conversation.context_limit = self._context_limit(model_id)
+        self._emit(PaneUpdated(pane_id))
+
+    def set_context_policy(self, pane_id: int, policy: str) -> None:
+        """"stop" (refuse a turn that does not fit) or "drop_oldest" (leave the oldest turns out)."""
+        if policy not in ("stop", "drop_oldest"):
+            raise ValueError(f"Unknown context policy {policy!r}")
+        self.pane(pane_id).conversation.context_policy = policy  # type: ignore[assignment]
+        self._emit(PaneUpdated(pane_id))
 
     def fork_pane(self, pane_id: int, message_index: int) -> Pane:
         """A new pane, right of the source, holding its conversation up to and
@@ -307,7 +434,7 @@ class Workspace:
         old, pane.remote = pane.remote, None
         self._close_backend(old, None)
         pane.conversation.model_id = self.settings.model
-        pane.conversation.context_limit = self._context_limit()
+        pane.conversation.context_limit = self._context_limit(self.settings.model)
         self._emit(PaneUpdated(pane_id))
 
     def _close_backend(self, backend: RemoteBackend, run: _Run | RemoteReply | None) -> None:
@@ -335,24 +462,22 @@ class Workspace:
         engine's PromptError).
         """
         panes = self._targets(targets)
-        local = [pane for pane in panes if pane.remote is None]
-        engine = self._ready_engine() if local else None
+        groups = self._local_groups(panes)
         if not text.strip():
             raise EmptyMessageError()
         self._refuse_busy(panes)
-        batch, prompts = None, []
-        if engine is not None:
-            prompts = [pane.conversation.next_prompt(engine.tokenizer, user_text=text) for pane in local]
-            batch = self._start_batch(engine, local, prompts)
+        plans = {id(pane): self._plan(engine, pane, text, None) for engine, group in groups for pane in group}
+        runs = self._start_batches(groups, plans)
         for pane in panes:
+            self._apply_drop(pane, plans.get(id(pane)))
             index = pane.conversation.append_user(text)
             self._emit(MessageAppended(pane.id, index))
-        return self._begin_turn(panes, batch, prompts)
+        return self._begin_turn(panes, runs, plans)
 
     async def regenerate(self, pane_id: int) -> Turn:
         """Replace the pane's last reply with a new one (or answer a last user message that has none)."""
         pane = self.pane(pane_id)
-        engine = self._ready_engine() if pane.remote is None else None
+        groups = self._local_groups([pane])
         self._refuse_busy([pane])
         conversation = pane.conversation
         length = len(conversation.messages)
@@ -360,31 +485,29 @@ class Workspace:
             length -= 1
         if not length or conversation.messages[length - 1].role != "user":
             raise NothingToRegenerateError(pane.title)
-        batch, prompts = None, []
-        if engine is not None:
-            prompts = [conversation.next_prompt(engine.tokenizer, upto=length)]
-            batch = self._start_batch(engine, [pane], prompts)
+        plans = {id(pane): self._plan(engine, pane, None, length) for engine, _ in groups}
+        runs = self._start_batches(groups, plans)
         self._truncate(pane, length)
-        return self._begin_turn([pane], batch, prompts)
+        self._apply_drop(pane, plans.get(id(pane)))
+        return self._begin_turn([pane], runs, plans)
 
     async def edit_and_resend(self, pane_id: int, message_index: int, text: str) -> Turn:
         """Replace user message `message_index` with `text`, drop every message after it, and reply anew."""
         pane = self.pane(pane_id)
-        engine = self._ready_engine() if pane.remote is None else None
+        groups = self._local_groups([pane])
         self._refuse_busy([pane])
         if not text.strip():
             raise EmptyMessageError()
         conversation = pane.conversation
         if not 0 <= message_index < len(conversation.messages) or conversation.messages[message_index].role != "user":
             raise MessageIndexError(f"Message {message_index} of {pane.title} is not a message you wrote.")
-        batch, prompts = None, []
-        if engine is not None:
-            prompts = [conversation.next_prompt(engine.tokenizer, user_text=text, upto=message_index)]
-            batch = self._start_batch(engine, [pane], prompts)
+        plans = {id(pane): self._plan(engine, pane, text, message_index) for engine, _ in groups}
+        runs = self._start_batches(groups, plans)
         self._truncate(pane, message_index)
+        self._apply_drop(pane, plans.get(id(pane)))
         index = conversation.append_user(text)
         self._emit(MessageAppended(pane.id, index))
-        return self._begin_turn([pane], batch, prompts)
+        return self._begin_turn([pane], runs, plans)
 
     def stop(self, pane_id: int | None = None) -> None:
         """Stop the pane's reply (every running reply when None). A stopped
@@ -404,10 +527,22 @@ class Workspace:
                 return
             await asyncio.wait(tasks)
 
-    def _ready_engine(self) -> Engine:
-        if self.engine is None or self.engine_state != "ready":
-            raise EngineNotReadyError(self.engine_state, self.load_error)
-        return self.engine
+    def _local_groups(self, panes: Sequence[Pane]) -> list[tuple[Engine, list[Pane]]]:
+        """The local panes grouped by model, each with its ready engine (EngineNotReadyError otherwise)."""
+        groups: dict[str, list[Pane]] = {}
+        for pane in panes:
+            if pane.remote is None:
+                groups.setdefault(pane.conversation.model_id, []).append(pane)
+        out = []
+        for model_id, group in groups.items():
+            engine = self.engine_for(model_id)
+            if engine is None:
+                slot = self.slots.get(model_id)
+                raise EngineNotReadyError(
+                    self.model_state(model_id), slot.error if slot is not None else None, model=model_id
+                )
+            out.append((engine, group))
+        return out
 
     def _targets(self, targets: Sequence[int] | None) -> list[Pane]:
         if targets is None:
@@ -428,34 +563,72 @@ class Workspace:
         if busy:
             raise PaneBusyError([pane.title for pane in busy], [pane.id for pane in busy])
 
-    def _start_batch(self, engine: Engine, panes: Sequence[Pane], prompts: Sequence[list[int]]) -> AsyncBatch:
-        for pane, prompt in zip(panes, prompts):
-            conversation = pane.conversation
-            limit = conversation.context_limit
-            if limit and len(prompt) + conversation.params.max_tokens > limit:
-                raise ContextFullError(pane.title, len(prompt), conversation.params.max_tokens, limit)
-        # Either every request is queued or (an error raised here) none is.
-        return engine.start_batch_async(list(prompts), params=[pane.conversation.params for pane in panes])
+    def _plan(self, engine: Engine, pane: Pane, user_text: str | None, upto: int | None) -> _Plan:
+        """The pane's next prompt, leaving its oldest turns out when its
+        context policy says so and the whole conversation does not fit."""
+        conversation = pane.conversation
+        prompt = conversation.next_prompt(engine.tokenizer, user_text=user_text, upto=upto)
+        limit = conversation.context_limit
+        reserve = conversation.params.max_tokens
+        if not limit or len(prompt) + reserve <= limit:
+            return _Plan(prompt)
+        if conversation.context_policy == "drop_oldest":
+            fitted = conversation.prompt_dropping_oldest(engine.tokenizer, limit - reserve, user_text, upto)
+            if fitted is not None:
+                prompt, start = fitted
+                first = conversation.context_start(upto)
+                dropped = sum(1 for m in conversation.messages[first:start] if m.to_model)
+                return _Plan(prompt, start, dropped)
+        raise ContextFullError(pane.title, len(prompt), reserve, limit)
+
+    @staticmethod
+    def _start_batches(groups: list[tuple[Engine, list[Pane]]], plans: dict[int, _Plan]) -> list[_Run]:
+        """One batch per engine. Either every request is queued or (an error raised here) none is."""
+        runs: list[_Run] = []
+        try:
+            for engine, group in groups:
+                prompts = [plans[id(pane)].prompt for pane in group]
+                batch = engine.start_batch_async(prompts, params=[p.conversation.params for p in group])
+                runs.append(_Run(batch, group, engine))
+        except BaseException:
+            for run in runs:
+                run.abort()
+            raise
+        return runs
+
+    def _apply_drop(self, pane: Pane, plan: _Plan | None) -> None:
+        """Insert the notice that marks where the pane's prompt now starts, when older turns were left out."""
+        if plan is None or plan.start is None:
+            return
+        kept = sum(1 for m in pane.conversation.messages[plan.start :] if m.to_model)
+        text = (
+            f"{plan.dropped} earlier message{'s' if plan.dropped != 1 else ''} no longer fit the model's "
+            f"context of {pane.conversation.context_limit:,} tokens and are left out of what it reads "
+            f"from here on (the system prompt is kept). They stay here for you."
+        )
+        index = pane.conversation.insert_notice(plan.start, text)
+        # The view shows messages by position: redraw from the notice on.
+        self._emit(MessagesTruncated(pane.id, index))
+        for i in range(index, index + 1 + kept):
+            self._emit(MessageAppended(pane.id, i))
 
     def _truncate(self, pane: Pane, length: int) -> None:
         if length < len(pane.conversation.messages):
             pane.conversation.truncate(length)
             self._emit(MessagesTruncated(pane.id, length))
 
-    def _begin_turn(self, panes: list[Pane], batch: AsyncBatch | None, prompts: Sequence[list[int]]) -> Turn:
-        """Start the replies: the local panes' (in `batch`, one prompt each, in order) and the remote panes'."""
-        run = None
-        if batch is not None:
-            run = _Run(batch, [pane for pane in panes if pane.remote is None])
-            for pane, prompt in zip(run.panes, prompts):
-                index = pane.conversation.begin_reply(prompt)
+    def _begin_turn(self, panes: list[Pane], runs: list[_Run], plans: dict[int, _Plan]) -> Turn:
+        """Start the replies: the local panes' (one batch per model) and the remote panes'."""
+        for run in runs:
+            for pane in run.panes:
+                index = pane.conversation.begin_reply(plans[id(pane)].prompt)
                 pane._run = run
                 self._emit(MessageAppended(pane.id, index))
                 self._emit(PaneUpdated(pane.id))
             self._runs.add(run)
             run.task = asyncio.get_running_loop().create_task(self._pump(run), name="tandem-replies")
         remote = [self._begin_remote(pane) for pane in panes if pane.remote is not None]
-        return Turn(panes, run, remote)
+        return Turn(panes, runs, remote)
 
     def _begin_remote(self, pane: Pane) -> RemoteReply:
         """Stream the pane's reply from its server: the conversation's text as chat messages, no token ids."""
@@ -541,98 +714,137 @@ class Workspace:
         else:
             run.abort()
 
-    # -- the engine ----------------------------------------------------------
+    # -- the engines -------------------------------------------------------------
 
-    def stats(self) -> EngineStats | None:
-        """The engine's statistics (KV pages, prefix hits, speed), or None without a ready engine."""
-        if self.engine is None or self.engine_state != "ready":
-            return None
-        return self.engine.stats()
+    def stats(self, model_id: str | None = None) -> EngineStats | None:
+        """A model's engine statistics (KV pages, prefix hits, speed); the
+        default model's when None; None when it is not ready."""
+        engine = self.engine_for(self.default_model if model_id is None else model_id)
+        return engine.stats() if engine is not None else None
 
     async def load_engine(self, settings: Settings | None = None) -> bool:
-        """Load the model the settings name, off the loop's thread, reporting
-        progress as EngineStateChanged("loading", progress) events.
-
-        Replaces an engine that is already loaded (its replies are stopped
-        first). Returns True when the engine is ready; a failure is reported
-        as state "error" with `load_error` saying why, not raised.
-        """
+        """Adopt `settings` (when given) and load their model: `load_model(settings.model)`."""
         if settings is not None:
             self.settings = settings
-        if self.engine_state == "closed":
+        return await self.load_model(self.settings.model)
+
+    async def load_model(self, model_id: str) -> bool:
+        """Load a model off the loop's thread, reporting progress as
+        EngineStateChanged("loading", progress) events for it.
+
+        Reloads a model that is already loaded (its replies are stopped
+        first), with the current settings. Returns True when the engine is
+        ready; a failure is reported as state "error" with the slot's `error`
+        saying why, not raised.
+        """
+        if self._closed:
             raise EngineNotReadyError("closed")
-        if self._load_cancel is not None:
-            self._load_cancel.set()  # a newer request supersedes a load in progress
-        if self.engine is not None:
-            await self._retire_engine()
+        old = self.slots.get(model_id)
+        if old is not None:
+            if old.cancel is not None:
+                old.cancel.set()  # a newer request supersedes a load in progress
+            await self._retire(old)
         loop = asyncio.get_running_loop()
         cancel = threading.Event()
-        self._load_cancel = cancel
-        self._set_engine_state("loading", None, None)
+        slot = ModelSlot(model_id, "loading", cancel=cancel)
+        self.slots[model_id] = slot
+        self._slot_changed(slot)
 
         def on_progress(progress: LoadProgress) -> None:  # on the loading thread
-            _post(loop, self._on_load_progress, cancel, progress)
+            _post(loop, self._on_load_progress, slot, progress)
 
         kwargs = self.settings.engine_kwargs()
         try:
+            kwargs["model"] = self._resolve_model(model_id)
             engine = await _in_thread(
                 loop, lambda: Engine(**kwargs, on_progress=on_progress, cancel=cancel), "tandem-load"
             )
         except LoadCancelled:
             return False
         except (EngineError, AppError, OSError) as exc:
-            if not cancel.is_set():
-                self._load_cancel = None
-                self._set_engine_state("error", None, str(exc))
+            self._load_failed(slot, str(exc))
             return False
         except Exception as exc:  # an unexpected failure is still shown, not swallowed
             log.exception("loading the model failed")
-            if not cancel.is_set():
-                self._load_cancel = None
-                self._set_engine_state("error", None, f"{type(exc).__name__}: {exc}")
+            self._load_failed(slot, f"{type(exc).__name__}: {exc}")
             return False
-        if cancel.is_set():  # superseded or shut down while it loaded
+        if cancel.is_set() or self.slots.get(model_id) is not slot:  # superseded, unloaded or shut down meanwhile
             threading.Thread(target=engine.close, name="tandem-close", daemon=True).start()
             return False
-        self._load_cancel = None
-        self.engine = engine
+        slot.cancel = None
+        slot.engine = engine
+        slot.state = "ready"
         for pane in self.panes:
-            if pane.remote is None:
+            if pane.remote is None and pane.conversation.model_id == model_id:
                 pane.conversation.context_limit = engine.max_context
-        self._set_engine_state("ready", None, None)
+        self._slot_changed(slot)
         for pane in self.panes:
             self._emit(PaneUpdated(pane.id))
         return True
 
-    def _on_load_progress(self, cancel: threading.Event, progress: LoadProgress) -> None:
-        if cancel is self._load_cancel and not cancel.is_set():
-            self._set_engine_state("loading", progress, None)
+    async def unload_model(self, model_id: str) -> None:
+        """Stop the model's replies (kept as far as they got) and close its engine, freeing its memory."""
+        slot = self.slots.get(model_id)
+        if slot is None:
+            return
+        if slot.cancel is not None:
+            slot.cancel.set()
+        await self._retire(slot)
+        self._emit(EngineStateChanged("unloaded", None, None, model_id))
+        for pane in self.panes:
+            if pane.remote is None and pane.conversation.model_id == model_id:
+                self._emit(PaneUpdated(pane.id))
 
-    def _set_engine_state(self, state: str, progress: LoadProgress | None, error: str | None) -> None:
-        self.engine_state = state
-        self.load_progress = progress
-        self.load_error = error
-        self._emit(EngineStateChanged(state, progress, error))
+    def _load_failed(self, slot: ModelSlot, error: str) -> None:
+        if slot.cancel is not None and slot.cancel.is_set():
+            return
+        if self.slots.get(slot.model_id) is not slot:
+            return
+        slot.cancel = None
+        slot.state = "error"
+        slot.error = error
+        self._slot_changed(slot)
 
-    def _context_limit(self) -> int:
-        return self.engine.max_context if self.engine is not None and self.engine_state == "ready" else 0
+    def _on_load_progress(self, slot: ModelSlot, progress: LoadProgress) -> None:
+        if self.slots.get(slot.model_id) is slot and slot.state == "loading" and slot.cancel is not None \
+                and not slot.cancel.is_set():
+            slot.progress = progress
+            self._slot_changed(slot)
 
-    async def _retire_engine(self, timeout: float = SHUTDOWN_TIMEOUT_S, *, remote_too: bool = False) -> None:
-        """Stop every local reply (and remote one, with `remote_too`), close
-        the engine (on its own thread) and forget it."""
+    def _slot_changed(self, slot: ModelSlot) -> None:
+        self._emit(EngineStateChanged(slot.state, slot.progress, slot.error, slot.model_id))
+
+    def _context_limit(self, model_id: str) -> int:
+        engine = self.engine_for(model_id)
+        return engine.max_context if engine is not None else 0
+
+    async def _retire(
+        self, slot: ModelSlot, timeout: float = SHUTDOWN_TIMEOUT_S, *, deadline: float | None = None
+    ) -> None:
+        """Stop the model's replies, close its engine (on its own thread) and forget it."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        engine, self.engine = self.engine, None
-        runs = [run for run in self._runs if remote_too or isinstance(run, _Run)]
+        deadline = loop.time() + timeout if deadline is None else deadline
+        if self.slots.get(slot.model_id) is slot:
+            del self.slots[slot.model_id]
+        engine, slot.engine = slot.engine, None
+        runs = [run for run in self._runs if isinstance(run, _Run) and run.engine is engine]
+        if engine is None:
+            runs = []
         # The aborts reach the engine's queue before the shutdown does, so the
         # replies end as "stopped" (kept as far as they got), not as failed.
         for run in runs:
             run.abort()
         if engine is not None:
             try:
-                await asyncio.wait_for(_in_thread(loop, engine.close, "tandem-close"), timeout)
+                await asyncio.wait_for(
+                    _in_thread(loop, engine.close, "tandem-close"), max(0.0, deadline - loop.time())
+                )
             except TimeoutError:
-                log.warning("the engine did not close within %.1f s; leaving its thread behind", timeout)
+                log.warning("the engine did not close in time; leaving its thread behind")
+        await self._end_runs(runs, deadline)
+
+    async def _end_runs(self, runs: Sequence[_Run | RemoteReply], deadline: float) -> None:
+        loop = asyncio.get_running_loop()
         tasks = [run.task for run in runs if run.task is not None and not run.task.done()]
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline - loop.time()))
@@ -642,19 +854,27 @@ class Workspace:
                 await asyncio.wait(pending)
 
     async def shutdown(self) -> None:
-        """Stop every reply (keeping what they wrote) and close the engine, within a second or two."""
-        if self.engine_state == "closed":
+        """Stop every reply (keeping what they wrote) and close every engine, within a second or two."""
+        if self._closed:
             return
-        if self._load_cancel is not None:
-            self._load_cancel.set()
-            self._load_cancel = None
-        await self._retire_engine(remote_too=True)
+        self._closed = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SHUTDOWN_TIMEOUT_S
+        slots = list(self.slots.values())
+        for slot in slots:
+            if slot.cancel is not None:
+                slot.cancel.set()
+        remote = [run for run in self._runs if isinstance(run, RemoteReply)]
+        for run in remote:
+            run.abort()
+        await asyncio.gather(*(self._retire(slot, deadline=deadline) for slot in slots))
+        await self._end_runs(remote, deadline)
         for pane in self.panes:
             if pane.remote is not None:
                 await pane.remote.aclose()
         if self._closing:
             await asyncio.wait(list(self._closing), timeout=SHUTDOWN_TIMEOUT_S)
-        self._set_engine_state("closed", None, None)
+        self._emit(EngineStateChanged("closed", None, None, self.default_model))
 
 
 def _post(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
