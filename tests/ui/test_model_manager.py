@@ -1,0 +1,249 @@
+"""The model manager dialog and the pane's model picker, offscreen, on a real registry."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QMessageBox, QPushButton
+
+from app.model_registry import ModelEntry, ModelRegistry
+from engine.progress import LoadProgress
+from tests.engine.test_gguf_import import TinyModel, write_gguf
+from ui.model_manager import ModelManagerDialog, ModelPicker, format_parameters
+from ui.theme import apply_theme, muted_text_color
+
+
+class GatedRegistry(ModelRegistry):
+    """The real registry, whose imports wait at their first written tensor
+    until the test opens `gate`: a tiny file would otherwise be imported
+    before the dialog could show any progress."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.gate = threading.Event()
+
+    def import_gguf(self, path: Any, on_progress: Any = None, cancel: Any = None) -> ModelEntry:
+        def gated(report: LoadProgress) -> None:
+            if on_progress is not None:
+                on_progress(report)
+            if report.done > 0:
+                self.gate.wait(30)
+
+        return super().import_gguf(path, gated, cancel)
+
+
+@pytest.fixture
+def registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> GatedRegistry:
+    monkeypatch.setenv("TANDEM_DATA_DIR", str(tmp_path / "data"))
+    return GatedRegistry(tmp_path / "data" / "models.json")
+
+
+@pytest.fixture
+def dialog(qapp: Any, qtbot: Any, registry: ModelRegistry) -> ModelManagerDialog:
+    apply_theme(qapp, "light")
+    dialog = ModelManagerDialog(registry)
+    qtbot.addWidget(dialog)
+    dialog.show()
+    return dialog
+
+
+@pytest.fixture
+def model_folder(tiny_model_dir: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(tiny_model_dir, tmp_path / "tiny-llama"))
+
+
+def rows(dialog: ModelManagerDialog) -> list[list[str]]:
+    tree = dialog.model_list
+    return [[tree.topLevelItem(i).text(c) for c in range(3)] for i in range(tree.topLevelItemCount())]
+
+
+def test_lists_the_default_with_its_details(dialog: ModelManagerDialog) -> None:
+    assert rows(dialog) == [["SmolLM2-135M-Instruct", "Built in", "98 MB"]]
+    assert dialog.selected_id() == "default"
+    labels = dialog.detail_labels
+    assert labels["architecture"].text() == "llama"
+    assert labels["parameters"].text() == "135M"
+    assert labels["context"].text() == "8,192 tokens"
+    assert labels["dtype"].text() == "Q4_1 (GGUF)"
+    assert dialog.location_field.text() == "Imported on first use"
+    assert labels["memory"].text().startswith("about ")
+    assert not dialog.remove_button.isEnabled()  # the built-in model stays
+
+
+def test_adding_a_folder_lists_it_and_announces_the_change(
+    dialog: ModelManagerDialog, registry: ModelRegistry, model_folder: Path, qtbot: Any
+) -> None:
+    with qtbot.waitSignal(dialog.models_changed, timeout=5000):
+        entry = dialog.add_folder(model_folder)
+    assert entry is not None and entry.id == "tiny-llama"
+    assert [r[:2] for r in rows(dialog)] == [["SmolLM2-135M-Instruct", "Built in"], ["tiny-llama", "Folder"]]
+    assert dialog.selected_id() == "tiny-llama"  # the new model is shown
+    assert dialog.detail_labels["architecture"].text() == "llama (LlamaForCausalLM)"
+    assert dialog.location_field.text() == str(model_folder.resolve())
+    assert dialog.remove_button.isEnabled()
+    assert dialog.error_box is None
+
+
+def test_a_bad_folder_shows_the_reason_and_registers_nothing(
+    dialog: ModelManagerDialog, registry: ModelRegistry, model_folder: Path, qtbot: Any
+) -> None:
+    (model_folder / "tokenizer.json").unlink()
+    with qtbot.assertNotEmitted(dialog.models_changed):
+        assert dialog.add_folder(model_folder) is None
+    box = dialog.error_box
+    assert box is not None and box.isVisible()
+    assert box.windowTitle() == "The folder was not added"
+    assert "has no tokenizer.json" in box.text()
+    assert [e.id for e in registry.models()] == ["default"]
+    assert len(rows(dialog)) == 1
+    box.accept()
+    assert dialog.error_box is None
+
+
+def test_an_import_shows_progress_and_can_be_cancelled(
+    dialog: ModelManagerDialog, registry: GatedRegistry, tmp_path: Path, qtbot: Any
+) -> None:
+    gguf = tmp_path / "tiny.gguf"
+    write_gguf(gguf, TinyModel(layers=3))
+    dialog.import_gguf(gguf)
+    assert dialog.importing
+    assert not dialog.import_button.isEnabled() and not dialog.add_button.isEnabled()
+    qtbot.waitUntil(lambda: 0 < dialog.progress_bar.value() < 1000, timeout=10_000)
+    assert dialog.import_row.isVisible()
+    assert "Importing tiny.gguf" in dialog.import_label.text()
+    # The GUI thread stays free while the import waits: it handles the click.
+    qtbot.mouseClick(dialog.cancel_button, Qt.MouseButton.LeftButton)
+    registry.gate.set()
+    qtbot.waitUntil(lambda: not dialog.importing, timeout=10_000)
+    assert not dialog.import_row.isVisible()
+    assert dialog.status_label.text() == "The import of tiny.gguf was cancelled; nothing was kept."
+    assert dialog.error_box is None  # a cancel is not an error
+    assert [e.id for e in registry.models()] == ["default"]
+    assert list(registry.imports_dir.iterdir()) == []
+    assert dialog.import_button.isEnabled()
+
+
+def test_a_finished_import_is_listed_and_selected(
+    dialog: ModelManagerDialog, registry: GatedRegistry, tmp_path: Path, qtbot: Any
+) -> None:
+    registry.gate.set()
+    gguf = tmp_path / "Tiny-Chat.gguf"
+    write_gguf(gguf)
+    with qtbot.waitSignal(dialog.models_changed, timeout=10_000):
+        dialog.import_gguf(gguf)
+    assert not dialog.importing
+    assert rows(dialog)[1][:2] == ["Tiny-Chat", "Imported GGUF"]
+    assert dialog.selected_id() == "tiny-chat"
+    assert dialog.detail_labels["source"].text() == f"Imported from {gguf}"
+    assert dialog.status_label.text() == "Imported Tiny-Chat.gguf as “Tiny-Chat”."
+
+
+def test_a_corrupt_gguf_shows_the_reason(
+    dialog: ModelManagerDialog, registry: GatedRegistry, tmp_path: Path, qtbot: Any
+) -> None:
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x07" * 300)
+    dialog.import_gguf(bad)
+    qtbot.waitUntil(lambda: dialog.error_box is not None, timeout=10_000)
+    assert dialog.error_box.windowTitle() == "broken.gguf was not imported"
+    assert "Download it again" in dialog.error_box.text()
+    assert [e.id for e in registry.models()] == ["default"]
+    assert not registry.imports_dir.exists() or list(registry.imports_dir.iterdir()) == []
+
+
+def test_remove_asks_first(dialog: ModelManagerDialog, registry: ModelRegistry, model_folder: Path, qtbot: Any) -> None:
+    dialog.add_folder(model_folder)
+    dialog.model_list.setFocus()
+    qtbot.keyClick(dialog.model_list, Qt.Key.Key_Delete)  # the Delete key asks too
+    box = dialog.confirm_box
+    assert box is not None and box.isVisible()
+    assert "The folder" in box.text() and "itself is not deleted" in box.text()
+    box.button(QMessageBox.StandardButton.Cancel).click()
+    assert [e.id for e in registry.models()] == ["default", "tiny-llama"]
+
+    dialog.remove_button.click()
+    remove = next(b for b in dialog.confirm_box.buttons() if b.text() == "&Remove")
+    with qtbot.waitSignal(dialog.models_changed, timeout=5000):
+        remove.click()
+    assert [e.id for e in registry.models()] == ["default"]
+    assert dialog.selected_id() == "default"
+    assert model_folder.is_dir()
+
+
+def test_keyboard_use(dialog: ModelManagerDialog, model_folder: Path, qtbot: Any) -> None:
+    buttons = dialog.findChildren(QPushButton)
+    assert buttons and all("&" in b.text() for b in buttons), [b.text() for b in buttons]
+    mnemonics = [b.text()[b.text().index("&") + 1].lower() for b in buttons]
+    assert len(set(mnemonics)) == len(mnemonics)
+
+    dialog.add_folder(model_folder)
+    dialog.model_list.setFocus()
+    qtbot.keyClick(dialog.model_list, Qt.Key.Key_Up)
+    assert dialog.selected_id() == "default"
+    qtbot.keyClick(dialog.model_list, Qt.Key.Key_Down)
+    assert dialog.selected_id() == "tiny-llama"
+    qtbot.keyClick(dialog, Qt.Key.Key_Escape)
+    assert not dialog.isVisible()
+
+
+def test_closing_the_dialog_cancels_its_import(
+    dialog: ModelManagerDialog, registry: GatedRegistry, tmp_path: Path, qtbot: Any
+) -> None:
+    gguf = tmp_path / "tiny.gguf"
+    write_gguf(gguf)
+    dialog.import_gguf(gguf)
+    qtbot.waitUntil(lambda: dialog.progress_bar.value() > 0, timeout=10_000)
+    dialog.close()
+    registry.gate.set()
+    assert dialog.wait_for_import(10)
+    qtbot.waitUntil(lambda: not dialog.importing, timeout=5000)
+    assert [e.id for e in registry.models()] == ["default"]
+
+
+def test_the_muted_status_follows_the_theme(qapp: Any, dialog: ModelManagerDialog) -> None:
+    from PySide6.QtGui import QPalette
+
+    try:
+        apply_theme(qapp, "dark")
+        qapp.processEvents()
+        color = dialog.status_label.palette().color(QPalette.ColorRole.WindowText)
+        assert color == muted_text_color(dialog.palette())
+        assert dialog.palette().color(QPalette.ColorRole.Window).lightness() < 128
+    finally:
+        apply_theme(qapp, "light")
+
+
+def test_model_picker_reports_only_what_the_user_picks(
+    qtbot: Any, registry: ModelRegistry, model_folder: Path, tmp_path: Path
+) -> None:
+    registry.add_folder(model_folder)
+    gone = registry.add_folder(shutil.copytree(model_folder, tmp_path / "gone"))
+    shutil.rmtree(tmp_path / "gone")
+    picker = ModelPicker()
+    qtbot.addWidget(picker)
+    chosen: list[str] = []
+    picker.model_chosen.connect(chosen.append)
+    picker.set_models(registry.models(), "default")
+    assert [picker.itemText(i) for i in range(picker.count())] == ["SmolLM2-135M-Instruct", "tiny-llama", "gone (missing)"]
+    assert picker.current_id() == "default" and chosen == []  # setting the list is not a choice
+    assert not picker.model().item(2).isEnabled()
+
+    picker.show()
+    picker.setFocus()
+    qtbot.keyClick(picker, Qt.Key.Key_Down)
+    assert chosen == ["tiny-llama"] and picker.current_id() == "tiny-llama"
+    qtbot.keyClick(picker, Qt.Key.Key_Down)  # the missing model cannot be picked
+    assert chosen == ["tiny-llama"]
+    picker.set_models(registry.models(), gone.id)
+    assert picker.current_id() == gone.id
+
+
+def test_parameter_counts_read_like_model_names() -> None:
+    assert [format_parameters(n) for n in (134_515_008, 7_241_732_096, 1_500_000, 494_032_768, 12_000)] == [
+        "135M", "7.2B", "1.5M", "494M", "12K",
+    ]
