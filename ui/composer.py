@@ -141,11 +141,12 @@ class Composer(QWidget):
     # -- state ---------------------------------------------------------------
 
     def set_ready(self, ready: bool) -> None:
+        """Whether a pane can take a message. Typing is always allowed: what
+        the user writes while a model loads is sent once it is ready."""
         self._ready = ready
-        self.edit.setReadOnly(not ready)
         self.send_button.setEnabled(ready and not self._sending)
         if not ready:
-            self.edit.setPlaceholderText("The model is loading; you can type once it is ready…")
+            self.edit.setPlaceholderText("The model is loading; type away, Send works once it is ready…")
         else:
             self.edit.setPlaceholderText("Message every selected pane…  (Ctrl+Enter sends)")
 
@@ -165,7 +166,7 @@ class Composer(QWidget):
     def send(self) -> None:
         if not self._ready or self._sending:
             if not self._ready:
-                self.show_notice("The model is still loading; the message was not sent.")
+                self.show_notice("The model is still loading; the message was not sent. It is still here: send it once the model is ready.")
             return
         self.send_requested.emit(self.edit.toPlainText(), self.targets())
 

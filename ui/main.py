@@ -28,7 +28,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="tandem",
         description="Tandem: local language models in several side-by-side conversations.",
         epilog="Settings are kept in the user config folder ($TANDEM_CONFIG_DIR overrides it); "
-        "options given here apply to this run only.",
+        "options given here apply to this run only. "
+        "`tandem chats --help`: list, export and import saved conversations.",
     )
     parser.add_argument("--model", help="a model folder, a .gguf file, or 'default' (SmolLM2-135M-Instruct)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), help="where the model runs (default: auto)")
@@ -36,7 +37,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--dtype", choices=("auto", "float32", "bfloat16", "float16"), help="weights' precision (default: auto)"
     )
     parser.add_argument("--threads", type=int, metavar="N", help="engine CPU threads (default: the engine's policy)")
-    parser.add_argument("--panes", type=int, default=2, metavar="N", help="panes to open with (default: 2)")
+    parser.add_argument(
+        "--panes", type=int, metavar="N",
+        help="panes to open with when there is no saved layout to restore (default: 2)",
+    )
     parser.add_argument(
         "--theme", choices=("system", "light", "dark"), help="colours (default: the saved choice, else the system's)"
     )
@@ -50,7 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.threads is not None and args.threads < 1:
         parser.error("--threads must be at least 1")
-    if not 1 <= args.panes <= 12:
+    if args.panes is not None and not 1 <= args.panes <= 12:
         parser.error("--panes must be between 1 and 12")
     return args
 
@@ -62,7 +66,28 @@ def _run_settings(saved: Any, args: argparse.Namespace) -> Any:
     return dataclasses.replace(saved, **overrides)
 
 
+def _model_resolver(registry: Any) -> Any:
+    """A pane's model id -> what Engine(model=...) takes: the registry's
+    folder for its ids; anything else ("default", a folder or .gguf path
+    given with --model) as it is."""
+    from app.model_registry import UnknownModelError
+
+    def resolve(model_id: str) -> str:
+        try:
+            return registry.engine_model(model_id)
+        except UnknownModelError:
+            return model_id
+
+    return resolve
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["chats"]:
+        # The saved conversations from the command line: no window, no Qt.
+        from app.chats_cli import main as chats_main
+
+        return chats_main(argv[1:])
     args = parse_args(argv)
     if args.smoke_test:
         from ui.smoke import run_smoke_test
@@ -87,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
+    from app.chat_store import StoreError
+    from app.model_registry import ModelRegistry
+    from app.session import ChatSession
     from app.settings import Settings
     from app.workspace import Workspace
     from ui.main_window import MainWindow
@@ -101,10 +129,23 @@ def main(argv: list[str] | None = None) -> int:
     loop = TandemEventLoop(app)
     asyncio.set_event_loop(loop)
 
-    workspace = Workspace(settings)
-    for _ in range(args.panes):
-        workspace.add_pane()
-    window = MainWindow(workspace, saved, engine_settings=settings, version=version())
+    registry = ModelRegistry()
+    workspace = Workspace(settings, resolve_model=_model_resolver(registry))
+    store_problem = None
+    try:
+        session: Any = ChatSession.open()
+    except StoreError as exc:  # e.g. a read-only data folder: chat on, without saving
+        session, store_problem = None, str(exc)
+    if session is not None:
+        session.restore(workspace, default_panes=args.panes or 2)
+    else:
+        for _ in range(args.panes or 2):
+            workspace.add_pane()
+    window = MainWindow(
+        workspace, saved, engine_settings=settings, version=version(), session=session, registry=registry
+    )
+    if store_problem:
+        window.show_store_problem(store_problem)
     if not (saved.ui_state or {}).get("geometry"):
         window.resize(1280, 800)
 
@@ -115,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         closed = asyncio.Event()
         window.closed.connect(closed.set)
         window.show()
-        window.load_engine()
+        if not window.crash_recovery:  # after a crash the user picks when (and what) to load
+            window.load_engine()
         if interrupted:
             window.close()
         await closed.wait()

@@ -18,6 +18,7 @@ from PySide6.QtCore import QByteArray, QEvent, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (
     QApplication,
+    QDockWidget,
     QFrame,
     QHBoxLayout,
     QLabel,
@@ -36,6 +37,7 @@ from app.errors import AppError
 from app.compare import word_diff
 from engine.errors import EngineError
 from ui.compare_bar import CompareBar
+from ui.sidebar import ChatSidebar
 from ui.composer import Composer
 from ui.dialogs import EditMessageDialog, ShortcutsDialog, about_text, shortcut_text
 from ui.pane_settings import PaneSettingsPopover
@@ -44,13 +46,17 @@ from ui.theme import apply_theme
 
 log = logging.getLogger(__name__)
 
+# The port "Serve loaded models" listens on (127.0.0.1 only), as LM Studio's and vLLM's do.
+SERVE_PORT = 8000
+
 # ~30 repaints a second at most, whatever the token rate.
 FRAME_INTERVAL_MS = 33
 STATS_INTERVAL_MS = 500
 
 
 class LoadingBanner(QFrame):
-    """'Loading model…' with the engine's progress; the load error if it fails."""
+    """'Loading model…' with the engine's progress; the load error if it
+    fails; a model that is not loaded (after a crash) with a button to load it."""
 
     retry_requested = Signal()
 
@@ -72,24 +78,32 @@ class LoadingBanner(QFrame):
         layout.addWidget(self.progress)
         layout.addWidget(self.retry)
 
-    def show_progress(self, progress: Any) -> None:
+    def show_progress(self, progress: Any, name: str = "") -> None:
         self.retry.hide()
         self.progress.show()
+        what = f"Loading {name}…" if name else "Loading model…"
         if progress is None:
-            self.label.setText("Loading model…")
+            self.label.setText(what)
             self.progress.setRange(0, 0)
             return
         stage = {"import": "Importing", "weights": "Loading weights", "warmup": "Warming up", "ready": "Ready"}
-        self.label.setText(f"Loading model… {stage.get(progress.stage, progress.stage)}: {progress.detail}")
+        self.label.setText(f"{what} {stage.get(progress.stage, progress.stage)}: {progress.detail}")
         if progress.total:
             self.progress.setRange(0, progress.total)
             self.progress.setValue(progress.done)
         else:
             self.progress.setRange(0, 0)
 
-    def show_error(self, error: str) -> None:
-        self.label.setText(f"The model could not be loaded: {error}")
+    def show_error(self, error: str, name: str = "") -> None:
+        self.label.setText(f"{name or 'The model'} could not be loaded: {error}")
         self.progress.hide()
+        self.retry.setText("Try again")
+        self.retry.show()
+
+    def show_unloaded(self, text: str, button: str) -> None:
+        self.label.setText(text)
+        self.progress.hide()
+        self.retry.setText(button)
         self.retry.show()
 
 
@@ -106,16 +120,31 @@ class MainWindow(QMainWindow):
         engine_settings: Any = None,
         version: str = "",
         save_settings: bool = True,
+        session: Any = None,
+        registry: Any = None,
     ) -> None:
         """`settings` are the saved settings (the window saves its state and
         theme into them); `engine_settings` what this run loads the model with
-        (the saved ones plus command-line choices), by default the same."""
+        (the saved ones plus command-line choices), by default the same.
+        `session` (app.session.ChatSession): the chat store this window
+        records into and lists in its sidebar; `registry`
+        (app.model_registry.ModelRegistry): the models a pane can pick."""
         super().__init__()
         self.workspace = workspace
         self.settings = settings
         self.engine_settings = engine_settings if engine_settings is not None else settings
         self.version = version
         self._save_settings = save_settings
+        self.session = session
+        self.registry = registry
+        self.server: Any = None  # app.local_server.LocalServer while serving
+        self.serve_port = SERVE_PORT
+        self.model_manager: Any = None
+        self.settings_dialog: Any = None
+        self._banner_model: str | None = None  # the model the banner's button loads
+        # After a crash no model loads by itself (it may be what crashed).
+        self.crash_recovery = bool(getattr(session, "crashed_last_time", False))
+        self._load_requested = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._shutdown_started = False
         self._shutdown_done = False
@@ -131,7 +160,7 @@ class MainWindow(QMainWindow):
         column.setContentsMargins(4, 4, 4, 0)
         column.setSpacing(4)
         self.banner = LoadingBanner(central)
-        self.banner.retry_requested.connect(self.load_engine)
+        self.banner.retry_requested.connect(self._banner_load)
         column.addWidget(self.banner)
         self.compare_bar = CompareBar(central)
         self.compare_bar.hide()
@@ -156,6 +185,29 @@ class MainWindow(QMainWindow):
         self.status_label = QLabel("Loading model…", self)
         self.statusBar().addPermanentWidget(self.status_label)
 
+        self.sidebar: ChatSidebar | None = None
+        self.sidebar_dock: QDockWidget | None = None
+        if session is not None:
+            self.sidebar = ChatSidebar(_SidebarStore(session, lambda: self.sidebar), self)
+            self.sidebar.open_requested.connect(self.open_conversation)
+            self.sidebar.new_requested.connect(self.new_chat)
+            self.sidebar.renamed.connect(self._conversation_renamed)
+            self.sidebar.deleted.connect(self._conversation_deleted)
+            self.sidebar_dock = QDockWidget("Chats", self)
+            self.sidebar_dock.setObjectName("chatsDock")
+            self.sidebar_dock.setWidget(self.sidebar)
+            self.sidebar_dock.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetClosable)
+            self.sidebar_dock.setAllowedAreas(Qt.DockWidgetArea.LeftDockWidgetArea)
+            self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, self.sidebar_dock)
+            self.resizeDocks([self.sidebar_dock], [self.fontMetrics().averageCharWidth() * 34], Qt.Orientation.Horizontal)
+            session.on_error(self._store_failed)
+        self.store_banner = QLabel(central)
+        self.store_banner.setObjectName("storeBanner")
+        self.store_banner.setWordWrap(True)
+        self.store_banner.setFrameShape(QFrame.Shape.StyledPanel)
+        self.store_banner.hide()
+        column.insertWidget(0, self.store_banner)
+
         self._build_actions()
 
         self._frame_timer = QTimer(self)
@@ -172,8 +224,12 @@ class MainWindow(QMainWindow):
         for index, pane in enumerate(workspace.panes):
             self._on_event(ev.PaneAdded(pane, index))
         self._apply_engine_state(workspace.engine_state, workspace.load_progress, workspace.load_error)
-        if getattr(settings, "load_warning", None):
-            self.statusBar().showMessage(settings.load_warning, 15000)
+        warnings = [getattr(settings, "load_warning", None), getattr(registry, "load_warning", None),
+                    getattr(session, "warning", None)]
+        for warning in filter(None, warnings):
+            self.statusBar().showMessage(warning, 20000)
+        if session is not None and session.warning:
+            self._show_store_banner(session.warning)
         self._restore_geometry()
 
     # -- actions and menus -------------------------------------------------------
@@ -197,7 +253,13 @@ class MainWindow(QMainWindow):
         bar = self.menuBar()
         file_menu = bar.addMenu("&File")
         self.new_pane_action = self._action(file_menu, "&New pane", "Ctrl+T", self.add_pane)
+        self.new_chat_action = self._action(file_menu, "New c&hat in this pane", "Ctrl+N", self.new_chat)
         self.close_pane_action = self._action(file_menu, "&Close pane", "Ctrl+W", self.close_current_pane)
+        file_menu.addSeparator()
+        self._action(file_menu, "&Import chat…", "Ctrl+O", self.import_chat)
+        self._action(file_menu, "Export chat as &Markdown…", "Ctrl+S", lambda: self.export_current("md"))
+        self._action(file_menu, "Export chat as &JSON…", "Ctrl+Shift+S", lambda: self.export_current("json"))
+        self._action(file_menu, "Export side-by-side c&omparison…", "Ctrl+Alt+E", self.export_comparison)
         file_menu.addSeparator()
         self._action(file_menu, "&Quit", "Ctrl+Q", self.close)
 
@@ -213,6 +275,8 @@ class MainWindow(QMainWindow):
         edit.addSeparator()
         self._action(edit, "Pane se&ttings…", "Ctrl+,", lambda: self._with_current(self.open_settings))
         self._action(edit, "Focus the &message box", "Ctrl+L", self.composer.edit.setFocus)
+        edit.addSeparator()
+        self._action(edit, "Pr&eferences…", "Ctrl+Alt+S", self.open_preferences)
 
         view = bar.addMenu("&View")
         self.compare_action = QAction("&Compare replies", self)
@@ -221,6 +285,13 @@ class MainWindow(QMainWindow):
         self.compare_action.toggled.connect(self.set_compare)
         view.addAction(self.compare_action)
         self.addAction(self.compare_action)
+        if self.sidebar_dock is not None:
+            toggle = self.sidebar_dock.toggleViewAction()
+            toggle.setText("C&hats sidebar")
+            toggle.setShortcut(QKeySequence("Ctrl+B"))
+            view.addAction(toggle)
+            self.addAction(toggle)
+            self._action(view, "&Search chats", "Ctrl+K", self.search_chats)
         view.addSeparator()
         self._action(view, "Move pane &left", "Ctrl+Shift+PgUp", lambda: self.move_current(-1))
         self._action(view, "Move pane &right", "Ctrl+Shift+PgDown", lambda: self.move_current(+1))
@@ -239,6 +310,19 @@ class MainWindow(QMainWindow):
             action.triggered.connect(lambda checked=False, name=name: self.set_theme(name))
             group.addAction(action)
             theme_menu.addAction(action)
+
+        models = bar.addMenu("&Models")
+        self._action(models, "&Manage models…", "Ctrl+M", self.open_model_manager)
+        self._action(models, "&Load this pane's model", "Ctrl+Shift+L", lambda: self._with_current(self.load_pane_model))
+        self._action(models, "&Unload idle models", None, self.unload_idle_models)
+        models.addSeparator()
+        self.serve_action = QAction("&Serve loaded models (OpenAI API)", self)
+        self.serve_action.setCheckable(True)
+        self.serve_action.setShortcut(QKeySequence("Ctrl+Alt+A"))
+        self.serve_action.setStatusTip("Let other programs use the loaded models at http://127.0.0.1:8000/v1")
+        self.serve_action.toggled.connect(self.set_serving)
+        models.addAction(self.serve_action)
+        self.addAction(self.serve_action)
 
         help_menu = bar.addMenu("&Help")
         self._action(help_menu, "&Keyboard shortcuts", "F1", self.show_shortcuts)
@@ -292,18 +376,24 @@ class MainWindow(QMainWindow):
         elif isinstance(event, ev.PaneUpdated):
             view = self.panes.get(event.pane_id)
             if view is not None:
+                view.model_state = self.workspace.pane_model_state(event.pane_id)
                 view.refresh_header()
                 view.refresh_context()
             self._update_streaming()
             self._sync_pane_lists()
+            self._refresh_ready()
         elif isinstance(event, ev.PaneAdded):
             self._add_pane_view(event.pane, event.index)
+            self._refresh_ready()
         elif isinstance(event, ev.PaneClosed):
             self._remove_pane_view(event.pane_id)
+            self._refresh_ready()
         elif isinstance(event, ev.PanesReordered):
             self._reorder(event.order)
         elif isinstance(event, ev.EngineStateChanged):
             self._apply_engine_state(event.state, event.progress, event.error)
+            if self.server is not None and self.server.running:
+                self.server.set_engines(self.workspace.loaded_models())
 
     def _add_pane_view(self, pane: Any, index: int) -> None:
         if pane.id in self.panes:
@@ -316,6 +406,11 @@ class MainWindow(QMainWindow):
         view.edit_requested.connect(self.edit_message)
         view.fork_requested.connect(self.fork)
         view.activated.connect(self.set_current_pane)
+        view.model_chosen.connect(self.choose_model)
+        if self.registry is not None:
+            view.set_model_entries(self._model_entries())
+        view.model_state = self.workspace.pane_model_state(pane.id) if hasattr(self.workspace, "pane_model_state") else "ready"
+        view.refresh_header()
         self.panes[pane.id] = view
         self.splitter.insertWidget(index, view)
         sizes = [1000] * self.splitter.count()
@@ -355,29 +450,69 @@ class MainWindow(QMainWindow):
         self.composer.set_panes(entries)
         self.compare_bar.set_panes(entries)
         self.close_pane_action.setEnabled(len(entries) > 1)
+        if self.sidebar is not None:
+            self.sidebar.set_open(view.pane.conversation.id for view in self.panes.values())
 
     def _apply_engine_state(self, state: str, progress: Any, error: str | None) -> None:
-        if state == "ready":
+        """Show what the panes' models are doing: the banner for the one that
+        needs attention (loading, failed, not loaded), each pane's header, and
+        whether anything can be sent."""
+        ws = self.workspace
+        if state == "closed" or getattr(ws, "_closed", False):
+            self.composer.set_ready(False)
+            return
+        states: dict[int, str] = {pid: ws.pane_model_state(pid) for pid in self.panes}
+        for pid, view in self.panes.items():
+            view.model_state = states[pid]
+            view.model_name = self.model_name(view.pane.conversation.model_id)
+            view.refresh_header()
+            view.refresh_context()
+        self.composer.set_ready(any(st == "ready" for st in states.values()))
+        local = [v.pane for v in self.panes.values() if v.pane.remote is None]
+        wanted = list(dict.fromkeys([p.conversation.model_id for p in local] or [ws.default_model]))
+        # Also any model being loaded or that failed to (asked for, if no pane runs it yet).
+        wanted += [m for m in ws.slots if m not in wanted and ws.model_state(m) in ("loading", "error")]
+        loading = [m for m in wanted if ws.model_state(m) == "loading"]
+        failed = [m for m in wanted if ws.model_state(m) == "error"]
+        unloaded = [m for m in wanted if ws.model_state(m) == "unloaded"]
+        if loading:
+            slot = ws.slots.get(loading[0])
+            self.banner.show()
+            self.banner.show_progress(slot.progress if slot is not None else None, self.model_name(loading[0]))
+            self._banner_model = loading[0]
+        elif failed:
+            slot = ws.slots.get(failed[0])
+            self.banner.show()
+            self.banner.show_error((slot.error if slot is not None else None) or "unknown error", self.model_name(failed[0]))
+            self._banner_model = failed[0]
+            self.status_label.setText("No model loaded")
+        elif unloaded and not (self.crash_recovery or self._load_requested):
+            # Not asked for yet: the load starts as soon as the window is up.
+            self.banner.show()
+            self.banner.show_progress(None, self.model_name(unloaded[0]))
+            self._banner_model = unloaded[0]
+        elif unloaded:
+            name = self.model_name(unloaded[0])
+            if self.crash_recovery:
+                text = (f"Tandem did not close properly last time, so no model was loaded in case the model caused "
+                        f"it. Your chats are all here. Load {name} when you are ready, or pick another model in a pane.")
+            else:
+                text = f"{name} is not loaded; the panes on it cannot reply until it is."
+            self.banner.show()
+            self.banner.show_unloaded(text, f"Load {name}")
+            self._banner_model = unloaded[0]
+        else:
             self.banner.hide()
-            self.composer.set_ready(True)
-            for view in self.panes.values():
-                view.model_name = self.model_name()
-                view.refresh_header()
-                view.refresh_context()
+            self._banner_model = None
+        if state == "ready":
             self.refresh_status()
             if not self.composer.edit.hasFocus():
                 self.composer.edit.setFocus()
-        elif state == "error":
-            self.banner.show()
-            self.banner.show_error(error or "unknown error")
-            self.composer.set_ready(False)
-            self.status_label.setText("No model loaded")
-        elif state in ("loading", "unloaded"):
-            self.banner.show()
-            self.banner.show_progress(progress)
-            self.composer.set_ready(False)
-        else:  # closed
-            self.composer.set_ready(False)
+
+    def _refresh_ready(self) -> None:
+        """The composer sends when at least one pane can reply (a remote pane needs no local model)."""
+        if not self._shutdown_started:
+            self.composer.set_ready(any(self.workspace.pane_model_state(pid) == "ready" for pid in self.panes))
 
     def _update_streaming(self) -> None:
         busy = any(view.pane.busy for view in self.panes.values())
@@ -521,8 +656,11 @@ class MainWindow(QMainWindow):
         if len(self.panes) <= 1:
             self.report_error("Closing", RuntimeError("The window needs at least one pane."))
             return
-        if not view.pane.conversation.messages:
+        if not view.pane.conversation.messages or self.session is not None:
+            # A saved chat is not lost by closing its pane: the sidebar reopens it.
             self._close_pane_now(pane_id)
+            if view.pane.conversation.messages:
+                self.statusBar().showMessage(f"{view.pane.title} closed; its chat stays in the Chats sidebar.", 8000)
             return
         box = QMessageBox(
             QMessageBox.Icon.Question,
@@ -581,6 +719,7 @@ class MainWindow(QMainWindow):
             remote=view.pane.remote,
             set_remote=lambda url, model, key: self.workspace.set_remote(pane_id, url, model, key),
             set_local=lambda: self.workspace.set_local(pane_id),
+            context_policy=conv.context_policy,
         )
         popover.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         popover.destroyed.connect(lambda: setattr(self, "popover", None))
@@ -591,6 +730,9 @@ class MainWindow(QMainWindow):
                 self.workspace.set_params(pane_id, params)
                 if system_prompt != conv.system_prompt:
                     self.workspace.set_system_prompt(pane_id, system_prompt)
+                policy = popover.context_policy.currentData()
+                if policy != conv.context_policy:
+                    self.workspace.set_context_policy(pane_id, policy)
             except Exception as exc:
                 self.report_error("Changing the settings", exc)
 
@@ -669,24 +811,47 @@ class MainWindow(QMainWindow):
 
     # -- status, theme, help -----------------------------------------------------------
 
-    def model_name(self) -> str:
-        engine = getattr(self.workspace, "engine", None)
-        path = getattr(engine, "model_path", None) if engine is not None else None
-        if path is not None:
-            return Path(path).name  # the imported folder: the model's name
-        model = getattr(self.engine_settings, "model", "default")
-        if model == "default":
+    def model_name(self, model_id: str | None = None) -> str:
+        """What people call the model: the registry's name, else the folder's."""
+        model_id = self.workspace.default_model if model_id is None else model_id
+        if self.registry is not None:
+            try:
+                return self.registry.get(model_id).name
+            except Exception:
+                pass
+        if model_id == "default":
             from engine.default_model import DEFAULT_MODEL_NAME
 
             return DEFAULT_MODEL_NAME
-        return Path(str(model)).stem
+        engine = self.workspace.engine_for(model_id)
+        path = getattr(engine, "model_path", None) if engine is not None else None
+        return Path(path).name if path is not None else Path(str(model_id)).stem
+
+    def _model_entries(self) -> list[Any]:
+        """The registry's models, plus any model a pane runs that it does not list (a --model path)."""
+        from app.model_registry import ModelEntry
+
+        entries = list(self.registry.models()) if self.registry is not None else []
+        known = {e.id for e in entries}
+        for view in self.panes.values():
+            model_id = view.pane.conversation.model_id
+            if view.pane.remote is None and model_id not in known:
+                known.add(model_id)
+                entries.append(ModelEntry(model_id, Path(model_id).stem, Path(model_id), "folder"))
+        return entries
+
+    def _current_model(self) -> str:
+        view = self.current_view()
+        if view is not None and view.pane.remote is None:
+            return view.pane.conversation.model_id
+        return self.workspace.default_model
 
     def max_context(self) -> int:
-        stats = self.workspace.stats()
+        stats = self.workspace.stats(self._current_model())
         return int(getattr(stats, "max_context", 0) or 0) or 32768
 
     def refresh_status(self) -> None:
-        stats = self.workspace.stats()
+        stats = self.workspace.stats(self._current_model())
         if stats is None:
             return
         device = getattr(stats, "device", "?")
@@ -726,7 +891,353 @@ class MainWindow(QMainWindow):
     # -- loading and closing -------------------------------------------------------------
 
     def load_engine(self) -> None:
-        self._run(self.workspace.load_engine(self.engine_settings), "Loading the model")
+        """Load the settings' model and every other model an open pane runs."""
+        self._load_requested = True
+        self.crash_recovery = False
+
+        async def load_all() -> None:
+            ok = await self.workspace.load_engine(self.engine_settings)
+            others = [v.pane.conversation.model_id for v in self.panes.values() if v.pane.remote is None]
+            for model_id in dict.fromkeys(others):
+                if ok and self.workspace.model_state(model_id) == "unloaded":
+                    await self._load_if_it_fits(model_id)
+
+        self._run(load_all(), "Loading the model")
+
+    def _banner_load(self) -> None:
+        model_id = self._banner_model
+        if model_id is None or (model_id == self.workspace.default_model and self.crash_recovery):
+            self.load_engine()
+        else:
+            self.load_model(model_id)
+
+    def load_model(self, model_id: str) -> None:
+        self._load_requested = True
+        self.crash_recovery = False
+        self._run(self._load_if_it_fits(model_id), f"Loading {self.model_name(model_id)}")
+
+    def load_pane_model(self, pane_id: int) -> None:
+        view = self.panes.get(pane_id)
+        if view is not None and view.pane.remote is None:
+            self.load_model(view.pane.conversation.model_id)
+
+    async def _load_if_it_fits(self, model_id: str) -> bool:
+        """Load the model, after checking its memory estimate against what is
+        free; when it does not fit, ask whether to unload idle models first."""
+        verdict = self.memory_verdict(model_id)
+        if verdict is not None and not verdict.fits:
+            choice = await self._ask_memory(verdict)
+            if choice == "cancel":
+                self._apply_engine_state("unloaded", None, None)
+                return False
+            if choice == "unload":
+                for other in verdict.unload:
+                    await self.workspace.unload_model(other)
+        return await self.workspace.load_model(model_id)
+
+    def memory_verdict(self, model_id: str) -> Any:
+        """app.memory_estimate.FitResult for loading `model_id` now, or None when it cannot be estimated."""
+        if self.registry is None:
+            return None
+        from app.memory_estimate import LoadedModel, available_memory, check_fits
+
+        s = self.engine_settings
+        try:
+            estimate = self.registry.estimate_memory(model_id, s.device, s.dtype, s.kv_cache_mb, s.page_size)
+            available = available_memory(s.device)
+            loaded = []
+            for other in self.workspace.loaded_models():
+                try:
+                    size = self.registry.estimate_memory(other, s.device, s.dtype, s.kv_cache_mb, s.page_size).total_bytes
+                except Exception:
+                    continue
+                loaded.append(LoadedModel(other, size, not self.workspace.model_busy(other)))
+        except Exception as exc:  # an estimate is advice: never stop a load over it
+            log.info("no memory estimate for %s: %s", model_id, exc)
+            return None
+        names = {m.model_id: self.model_name(m.model_id) for m in loaded}
+        return check_fits(estimate, available, loaded, model_name=self.model_name(model_id), names=names)
+
+    async def _ask_memory(self, verdict: Any) -> str:
+        """"unload" | "load" | "cancel"."""
+        box = QMessageBox(QMessageBox.Icon.Warning, "Not enough memory", verdict.message, QMessageBox.StandardButton.NoButton, self)
+        unload = box.addButton("&Unload and load", QMessageBox.ButtonRole.AcceptRole) if verdict.unload else None
+        anyway = box.addButton("Load &anyway", QMessageBox.ButtonRole.DestructiveRole)
+        cancel = box.addButton(QMessageBox.StandardButton.Cancel)
+        box.setDefaultButton(unload or cancel)
+        self.confirm_box = box
+        done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+        def finished(_result: int) -> None:
+            clicked = box.clickedButton()
+            answer = "unload" if clicked is unload and unload is not None else "load" if clicked is anyway else "cancel"
+            if not done.done():
+                done.set_result(answer)
+            self.confirm_box = None
+
+        box.finished.connect(finished)
+        box.open()
+        return await done
+
+    def choose_model(self, pane_id: int, model_id: str) -> None:
+        """The pane's header picked another model: switch the pane, and load the model when it is not loaded."""
+        view = self.panes.get(pane_id)
+        if view is None:
+            return
+        try:
+            self.workspace.set_model(pane_id, model_id)
+        except Exception as exc:
+            view.refresh_header()  # back to the model it still runs
+            self.report_error("Changing the model", exc)
+            return
+        self._apply_engine_state(self.workspace.model_state(model_id), None, None)
+        if self.workspace.model_state(model_id) in ("unloaded", "error"):
+            self.load_model(model_id)
+
+    def unload_idle_models(self) -> None:
+        """Free the memory of every loaded model that no pane is set to."""
+        idle = [m for m in self.workspace.loaded_models() if not self.workspace.model_in_use(m)]
+        if not idle:
+            self.statusBar().showMessage("Every loaded model is in use by a pane.", 8000)
+            return
+
+        async def unload() -> None:
+            for model_id in idle:
+                await self.workspace.unload_model(model_id)
+            self.statusBar().showMessage(f"Unloaded {', '.join(self.model_name(m) for m in idle)}.", 8000)
+
+        self._run(unload(), "Unloading models")
+
+    def open_model_manager(self) -> None:
+        if self.registry is None:
+            return
+        from ui.model_manager import ModelManagerDialog
+
+        if self.model_manager is not None:
+            self.model_manager.raise_()
+            self.model_manager.activateWindow()
+            return
+        dialog = ModelManagerDialog(self.registry, self, is_in_use=self.workspace.model_in_use)
+        s = self.engine_settings
+        try:
+            dialog.set_engine_settings(s.device, s.dtype, s.kv_cache_mb, s.page_size)
+        except Exception:
+            log.debug("model manager: no engine settings", exc_info=True)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.models_changed.connect(self._models_changed)
+        dialog.destroyed.connect(lambda: setattr(self, "model_manager", None))
+        self.model_manager = dialog
+        dialog.open()
+
+    def _models_changed(self) -> None:
+        entries = self._model_entries()
+        for view in self.panes.values():
+            view.set_model_entries(entries)
+            view.refresh_header()
+
+    # -- chats: the sidebar, export and import -------------------------------------------
+
+    def open_conversation(self, conversation_id: str) -> None:
+        """Show a saved conversation: focus its pane when it is open, else open it in a new pane."""
+        for view in self.panes.values():
+            if view.pane.conversation.id == conversation_id:
+                self.set_current_pane(view.pane_id)
+                view.setFocus()
+                return
+        if self.session is None:
+            return
+        try:
+            conversation = self.session.load_conversation(conversation_id)
+            pane = self.workspace.open_conversation(conversation, after=self.current_pane_id)
+        except Exception as exc:
+            self.report_error("Opening the chat", exc)
+            return
+        self.set_current_pane(pane.id)
+        self._apply_engine_state(self.workspace.pane_model_state(pane.id), None, None)
+
+    def new_chat(self) -> None:
+        """Start a new conversation in the current pane; the old one stays in the sidebar."""
+        view = self.current_view()
+        if view is None:
+            self.add_pane()
+            return
+        if not view.pane.conversation.messages:
+            self.composer.edit.setFocus()
+            return
+        try:
+            pane = self.workspace.add_pane(after=view.pane_id)
+            if view.pane.remote is None:
+                self.workspace.set_model(pane.id, view.pane.conversation.model_id)
+            self.workspace.close_pane(view.pane_id)
+        except Exception as exc:
+            self.report_error("Starting a new chat", exc)
+            return
+        self.set_current_pane(pane.id)
+        self.composer.edit.setFocus()
+
+    def search_chats(self) -> None:
+        if self.sidebar is None or self.sidebar_dock is None:
+            return
+        self.sidebar_dock.show()
+        self.sidebar.focus_search()
+
+    def _conversation_renamed(self, conversation_id: str, title: str) -> None:
+        for view in self.panes.values():
+            if view.pane.conversation.id == conversation_id:
+                view.pane.conversation.title = title
+                view.refresh_header()
+
+    def _conversation_deleted(self, conversation_id: str) -> None:
+        """A deleted chat leaves its pane (the last pane starts a new chat instead)."""
+        for view in list(self.panes.values()):
+            if view.pane.conversation.id != conversation_id:
+                continue
+            self.workspace.stop(view.pane_id)
+            if len(self.panes) > 1:
+                self._close_pane_now(view.pane_id)
+            else:
+                pane = self.workspace.add_pane()
+                self._close_pane_now(view.pane_id)
+                self.set_current_pane(pane.id)
+
+    def _store_failed(self, error: Exception) -> None:
+        self._show_store_banner(
+            f"{error} Nothing open is lost: File → Export saves a chat anywhere you choose."
+        )
+
+    def show_store_problem(self, problem: str) -> None:
+        """The chat store could not be opened at all: chats work, but are not saved."""
+        self._show_store_banner(
+            f"{problem} Chats are not being saved in this session; File → Export saves one anywhere you choose."
+        )
+
+    def _show_store_banner(self, text: str) -> None:
+        self.store_banner.setText(text)
+        self.store_banner.show()
+
+    def _save_path(self, caption: str, name: str, filters: str) -> str | None:
+        from PySide6.QtWidgets import QFileDialog
+
+        path, _ = QFileDialog.getSaveFileName(self, caption, str(Path.home() / name), filters)
+        return path or None
+
+    def export_current(self, fmt: str, path: str | None = None) -> Path | None:
+        """Save the current pane's chat as Markdown ("md") or JSON ("json"); returns the file written."""
+        from app.chat_export import to_json, to_markdown
+
+        view = self.current_view()
+        if view is None:
+            return None
+        conversation = view.pane.conversation
+        stem = _file_stem(conversation.title or view.pane.title)
+        if path is None:
+            filters = "Markdown (*.md)" if fmt == "md" else "JSON (*.json)"
+            path = self._save_path("Export chat", f"{stem}.{fmt}", filters)
+            if path is None:
+                return None
+        try:
+            if fmt == "md":
+                text = to_markdown(conversation)
+            else:
+                import json
+
+                text = json.dumps(to_json(conversation), indent=2, ensure_ascii=False) + "\n"
+            return _write_text(Path(path), text, self)
+        except Exception as exc:
+            self.report_error("Exporting the chat", exc)
+            return None
+
+    def export_comparison(self, path: str | None = None) -> Path | None:
+        """Save every open pane's chat side by side as one Markdown file."""
+        from app.chat_export import comparison_markdown
+
+        panes = [(self.panes[pid].pane.title, self.panes[pid].pane.conversation) for pid in self.pane_order()]
+        if path is None:
+            path = self._save_path("Export comparison", "comparison.md", "Markdown (*.md)")
+            if path is None:
+                return None
+        try:
+            return _write_text(Path(path), comparison_markdown(panes), self)
+        except Exception as exc:
+            self.report_error("Exporting the comparison", exc)
+            return None
+
+    def import_chat(self, path: str | None = None) -> None:
+        """Open a chat exported as Tandem JSON in a new pane (and save it)."""
+        import json
+
+        from app.chat_export import ChatImportError, from_json
+
+        if path is None:
+            from PySide6.QtWidgets import QFileDialog
+
+            path, _ = QFileDialog.getOpenFileName(self, "Import chat", str(Path.home()), "Tandem chat (*.json)")
+            if not path:
+                return
+        name = Path(path).name
+        try:
+            try:
+                data = json.loads(Path(path).read_text(encoding="utf-8"))
+            except json.JSONDecodeError as exc:
+                raise ChatImportError(f"{name} is not a Tandem chat: it is not valid JSON ({exc.msg}, line {exc.lineno}).") from None
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ChatImportError(f"{name} could not be read: {exc}") from None
+            pane = self.workspace.open_conversation(from_json(data), after=self.current_pane_id)
+        except Exception as exc:
+            self.report_error("Importing", exc)
+            return
+        self.set_current_pane(pane.id)
+        self._apply_engine_state(self.workspace.pane_model_state(pane.id), None, None)
+
+    # -- preferences and serving ---------------------------------------------------------
+
+    def open_preferences(self) -> None:
+        from ui.settings_dialog import open_settings_dialog
+
+        if self.settings_dialog is not None:
+            self.settings_dialog.raise_()
+            return
+
+        def accepted(new: Any) -> None:
+            engine_changes = any(
+                getattr(new, k) != getattr(self.settings, k) for k in ("device", "dtype", "threads", "kv_cache_mb", "page_size")
+            )
+            for key in ("device", "dtype", "threads", "kv_cache_mb", "page_size", "default_params",
+                        "default_system_prompt", "context_policy", "theme"):
+                setattr(self.settings, key, getattr(new, key))
+                setattr(self.engine_settings, key, getattr(new, key))
+            apply_theme(QApplication.instance(), new.theme)
+            self._persist_settings()
+            if engine_changes:
+                self.statusBar().showMessage(
+                    "Saved. Engine settings apply the next time a model loads (Models → Load this pane's model).", 15000
+                )
+
+        dialog = open_settings_dialog(self.settings, self, accepted)
+        self.settings_dialog = dialog
+        dialog.finished.connect(lambda _r: setattr(self, "settings_dialog", None))
+
+    def set_serving(self, on: bool) -> None:
+        """Serve the loaded models over the OpenAI API on 127.0.0.1 (other tools share their prefix cache)."""
+        if not on:
+            if self.server is not None:
+                server, self.server = self.server, None
+                self._run(asyncio.to_thread(server.stop), "Stopping the API server")
+                self.statusBar().showMessage("The API server has stopped.", 8000)
+            return
+        from app.local_server import LocalServer
+
+        server = LocalServer(where="Models → Serve loaded models (or quit the program using it)")
+        try:
+            url = server.start(self.workspace.loaded_models(), host="127.0.0.1", port=self.serve_port)
+        except Exception as exc:
+            self.serve_action.blockSignals(True)
+            self.serve_action.setChecked(False)
+            self.serve_action.blockSignals(False)
+            self.report_error("Serving the API", exc)
+            return
+        self.server = server
+        self.statusBar().showMessage(f"Serving the loaded models at {url} (OpenAI API).", 15000)
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802
         if self._shutdown_done:
@@ -741,9 +1252,18 @@ class MainWindow(QMainWindow):
 
         async def shut_down() -> None:
             try:
+                if self.server is not None:
+                    server, self.server = self.server, None
+                    await asyncio.to_thread(server.stop)
                 await asyncio.wait_for(self.workspace.shutdown(), timeout=5)
             except Exception:
                 log.exception("shutting down the workspace failed")
+            try:
+                if self.session is not None:
+                    # After the shutdown: the stopped replies' final saves are queued first.
+                    await self.session.aclose()
+            except Exception:
+                log.exception("closing the chat store failed")
             finally:
                 self._finish_close()
 
@@ -791,3 +1311,53 @@ class MainWindow(QMainWindow):
         super().changeEvent(event)
         if event.type() == QEvent.Type.PaletteChange and self.compare_action.isChecked():
             self.refresh_compare()
+
+
+class _SidebarStore:
+    """The sidebar's view of the chat store: reads on the GUI thread's own
+    connection (quick), writes through the writer thread (never waits for
+    a transaction in progress), then the sidebar refreshes."""
+
+    def __init__(self, session: Any, sidebar: Callable[[], Any]) -> None:
+        self._session = session
+        self._sidebar = sidebar
+
+    def list_conversations(self, search: str | None = None) -> list[Any]:
+        # Empty chats (a pane nobody wrote in yet) are not worth listing.
+        return [c for c in self._session.store.list_conversations(search) if c.message_count]
+
+    def rename(self, conversation_id: str, title: str) -> None:
+        self._write(lambda store: store.rename(conversation_id, title))
+
+    def delete(self, conversation_id: str) -> None:
+        self._write(lambda store: store.delete(conversation_id))
+
+    def undelete(self, conversation_id: str) -> None:
+        self._write(lambda store: store.undelete(conversation_id))
+
+    def _write(self, fn: Callable[[Any], None]) -> None:
+        writer = self._session.writer
+        writer.submit(fn)
+        # Small and rare: wait for it so the list the sidebar reads next shows it.
+        writer.flush(2.0)
+
+
+def _file_stem(title: str) -> str:
+    import re
+
+    stem = re.sub(r"[^\w\- ]+", "", title).strip().replace(" ", "-")[:60]
+    return stem or "chat"
+
+
+def _write_text(path: Path, text: str, parent: QWidget) -> Path:
+    """Write atomically: a full disk leaves the old file (or none), never half of one."""
+    temporary = path.with_name(path.name + ".part")
+    try:
+        temporary.write_text(text, encoding="utf-8")
+        temporary.replace(path)
+    except OSError as exc:
+        temporary.unlink(missing_ok=True)
+        raise OSError(f"{path} could not be written: {exc.strerror or exc}") from None
+    if isinstance(parent, MainWindow):
+        parent.statusBar().showMessage(f"Saved {path}", 10000)
+    return path

@@ -51,7 +51,8 @@ class MessageView(QFrame):
 
         header = QHBoxLayout()
         header.setSpacing(4)
-        self.role_label = QLabel("You" if role == "user" else "Assistant", self)
+        names = {"user": "You", "assistant": "Assistant", "notice": "Note"}
+        self.role_label = QLabel(names.get(role, role.capitalize()), self)
         bold = QFont(self.role_label.font())
         bold.setBold(True)
         self.role_label.setFont(bold)
@@ -67,10 +68,17 @@ class MessageView(QFrame):
             header.addWidget(button)
         self.edit_button.setVisible(role == "user")
         self.regenerate_button.setVisible(False)
+        if role == "notice":  # a note about the conversation, not part of it: nothing to copy, fork or edit
+            self.copy_button.hide()
+            self.fork_button.hide()
         layout.addLayout(header)
 
-        self.body = MarkdownView(self, plain=(role == "user"))
+        self.body = MarkdownView(self, plain=(role in ("user", "notice")))
         layout.addWidget(self.body)
+        if role == "notice":
+            italic = QFont(self.body.font())
+            italic.setItalic(True)
+            self.body.setFont(italic)
         self.stats_label = QLabel(self)
         self.stats_label.setWordWrap(True)
         small = QFont(self.stats_label.font())
@@ -95,7 +103,12 @@ class MessageView(QFrame):
         self.state = message.state
         self.body.set_markdown(message.text)
         streaming = message.state == "streaming"
-        notes = {"streaming": "replying…", "stopped": "stopped", "error": "failed"}
+        notes = {
+            "streaming": "replying…",
+            "stopped": "stopped",
+            "error": "failed",
+            "interrupted": "interrupted: Tandem closed while it was being written",
+        }
         self.state_label.setText(notes.get(message.state, ""))
         stats = live_stats if streaming and live_stats is not None else message.stats
         line = format_stats(stats, streaming)

@@ -11,6 +11,7 @@ from typing import Any
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
+    QComboBox,
     QButtonGroup,
     QCheckBox,
     QDialogButtonBox,
@@ -74,6 +75,7 @@ class PaneSettingsPopover(QFrame):
         remote: Any = None,
         set_remote: SetRemote | None = None,
         set_local: Callable[[], None] | None = None,
+        context_policy: str = "stop",
     ) -> None:
         super().__init__(parent, Qt.WindowType.Popup)
         self.setFrameShape(QFrame.Shape.StyledPanel)
@@ -122,6 +124,15 @@ class PaneSettingsPopover(QFrame):
         seed_label = QLabel("&Seed", self)
         seed_label.setBuddy(self.fixed_seed)
         form.addRow(seed_label, seed_row)
+        self.context_policy = QComboBox(self)
+        self.context_policy.addItem("Stop with a message", "stop")
+        self.context_policy.addItem("Drop the oldest turns", "drop_oldest")
+        self.context_policy.setCurrentIndex(max(0, self.context_policy.findData(context_policy)))
+        self.context_policy.setToolTip(
+            "What happens when the conversation no longer fits the model's context. Dropping keeps the "
+            "system prompt and leaves the oldest turns out of what the model reads (they stay on screen)."
+        )
+        form.addRow("When the context is &full", self.context_policy)
         layout.addLayout(form)
         label = QLabel("S&ystem prompt", self)
         self.system_prompt = QPlainTextEdit(self)

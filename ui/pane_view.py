@@ -25,6 +25,11 @@ from PySide6.QtWidgets import (
 )
 
 from ui.message_view import MessageView
+from ui.model_manager import ModelPicker
+from ui.theme import warning_color
+
+# Room left for the next message when deciding that the context is nearly full.
+CONTEXT_MARGIN_TOKENS = 64
 from ui.pane_settings import describe_params
 
 
@@ -65,6 +70,7 @@ class PaneView(QFrame):
     edit_requested = Signal(int, int)
     fork_requested = Signal(int, int)
     activated = Signal(int)  # the user clicked or focused into this pane
+    model_chosen = Signal(int, str)  # pane id, model id
 
     def __init__(self, pane: Any, model_name: str, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -89,11 +95,20 @@ class PaneView(QFrame):
         bold = QFont(self.title_label.font())
         bold.setBold(True)
         self.title_label.setFont(bold)
+        self.model_picker = ModelPicker(self.header)
+        self.model_picker.setFocusPolicy(Qt.FocusPolicy.TabFocus)
+        self.model_picker.model_chosen.connect(lambda model_id: self.model_chosen.emit(self.pane_id, model_id))
+        self.model_picker.hide()  # shown once the window gives it the models to choose from
         self.summary_label = ElidedLabel(self.header)
+        # "ready" | "loading" | "error" | "unloaded" | "closed": the pane's model, as the window last heard.
+        self.model_state = "ready"
+        self._model_entries: list[Any] = []
+        self._picker_shows: tuple[Any, ...] | None = None
         self.settings_button = self._tool("⚙", "Settings for this pane (Ctrl+,)", lambda: self.settings_requested.emit(self.pane_id))
         self.stop_button = self._tool("■", "Stop this pane's reply", lambda: self.stop_requested.emit(self.pane_id))
         self.close_button = self._tool("✕", "Close this pane (Ctrl+W)", lambda: self.close_requested.emit(self.pane_id))
         head.addWidget(self.title_label)
+        head.addWidget(self.model_picker)
         head.addWidget(self.summary_label, 1)
         for button in (self.settings_button, self.stop_button, self.close_button):
             head.addWidget(button)
@@ -129,6 +144,7 @@ class PaneView(QFrame):
         foot.addWidget(self.context_meter, 1)
         layout.addLayout(foot)
 
+        self.context_warning = False
         self.messages: dict[int, MessageView] = {}
         self._dirty: set[int] = set()
         self._live_stats: dict[int, Any] = {}
@@ -156,9 +172,19 @@ class PaneView(QFrame):
         conv = self.pane.conversation
         self.title_label.setText(self.pane.title)
         remote = getattr(self.pane, "remote", None)
-        summary = describe_params(remote.label if remote is not None else self.model_name, conv.params)
+        picking = remote is None and bool(self._model_entries)
+        self.model_picker.setVisible(picking)
+        shown = (tuple(e.id for e in self._model_entries), conv.model_id)
+        if picking and shown != self._picker_shows:
+            self.model_picker.set_models(self._model_entries, conv.model_id)
+            self._picker_shows = shown
+        name = remote.label if remote is not None else ("" if picking else self.model_name)
+        summary = describe_params(name, conv.params).lstrip(" ·")
         if conv.system_prompt:
             summary += " · system prompt"
+        note = {"loading": "loading…", "error": "failed to load", "unloaded": "not loaded"}.get(self.model_state)
+        if remote is None and note:
+            summary = f"{note} · {summary}"
         self.summary_label.setText(summary)
         tip = summary if remote is None else f"{summary}\nServed by {remote.base_url}"
         if conv.system_prompt:
@@ -167,6 +193,12 @@ class PaneView(QFrame):
         self.stop_button.setEnabled(bool(self.pane.busy))
         self._refresh_actions()
 
+    def set_model_entries(self, entries: list[Any]) -> None:
+        """The models the header's picker offers (app.model_registry.ModelEntry)."""
+        self._model_entries = list(entries)
+        self._picker_shows = None
+        self.refresh_header()
+
     def refresh_context(self) -> None:
         conv = self.pane.conversation
         limit = max(int(conv.context_limit or 0), 0)
@@ -174,6 +206,26 @@ class PaneView(QFrame):
         self.context_meter.setRange(0, max(limit, 1))
         self.context_meter.setValue(min(used, max(limit, 1)))
         self.context_meter.setFormat(f"{_short_count(used)} / {_short_count(limit) if limit else '?'} tokens")
+        # Warn before the next turn stops fitting: the conversation, a reply
+        # of the pane's maximum length and a message's worth of room.
+        near = bool(limit) and used + conv.params.max_tokens + CONTEXT_MARGIN_TOKENS > limit
+        if near != self.context_warning:
+            self.context_warning = near
+            palette = QPalette(self.palette())
+            if near:
+                palette.setColor(QPalette.ColorRole.Highlight, warning_color(self.palette()))
+                self.context_meter.setPalette(palette)
+            else:
+                self.context_meter.setPalette(QPalette())
+        if near:
+            then = (
+                "the oldest turns will be left out of what the model reads"
+                if conv.context_policy == "drop_oldest"
+                else "the next message will be refused (pane settings: drop the oldest turns instead)"
+            )
+            self.context_meter.setToolTip(f"The conversation nearly fills the model's context: soon {then}.")
+        else:
+            self.context_meter.setToolTip("Tokens of the model's context this conversation uses")
 
     def message_appended(self, index: int) -> None:
         self._add_message(index)

@@ -90,3 +90,8 @@ def user_bubble_color(palette: QPalette) -> QColor:
 
 def muted_text_color(palette: QPalette) -> QColor:
     return palette.color(QPalette.ColorRole.PlaceholderText)
+
+
+def warning_color(palette: QPalette) -> QColor:
+    """An amber that reads as "careful" on the palette's base, light or dark."""
+    return QColor("#d08a00") if is_dark(palette) else QColor("#b86e00")

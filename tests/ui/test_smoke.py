@@ -25,10 +25,11 @@ def test_smoke_test_passes_and_writes_a_png(default_model_dir: Path, tmp_path: P
     (config / "settings.json").write_text('{"theme": "dark"}', encoding="utf-8")
     env = dict(os.environ, QT_QPA_PLATFORM="offscreen", TANDEM_CONFIG_DIR=str(config))
     result = subprocess.run(
-        [sys.executable, "-m", "ui.main", "--smoke-test", str(out)],
+        # faulthandler: should the process ever die of a signal, its threads' stacks are in stderr.
+        [sys.executable, "-X", "faulthandler", "-m", "ui.main", "--smoke-test", str(out)],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1200,
     )
-    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.returncode == 0, f"stdout: {result.stdout[-1000:]}\nstderr: {result.stderr[-6000:]}"
     assert "smoke test passed" in result.stdout
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     from PySide6.QtGui import QImage
