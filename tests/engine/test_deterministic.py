@@ -35,9 +35,12 @@ MIXED = [
     "Name a fruit that is yellow.",
 ]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
-# Seeded, with top-p (its threshold is a row reduction over the vocabulary).
-SEEDED = [SamplingParams(temperature=0.9, top_p=0.95, seed=100 + i, max_tokens=12) for i in range(8)]
-
+# Greedy and seeded requests side by side in every batch: the seeded ones
+# use top-p (its threshold is a row reduction over the vocabulary).
+PARAMS = [
+    GREEDY if i % 2 == 0 else SamplingParams(temperature=0.9, top_p=0.95, seed=100 + i, max_tokens=12)
+    for i in range(len(MIXED))
+]
 
 def chat(text: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": text}]
@@ -109,13 +112,12 @@ def engine(default_model_dir: Path):
 
 
 @pytest.fixture(scope="module")
-def alone(engine: Engine) -> dict[str, list[list[int]]]:
+def alone(engine: Engine) -> list[list[int]]:
     """Every prompt run by itself, prefix cache emptied before each."""
-    results: dict[str, list[list[int]]] = {"greedy": [], "seeded": []}
-    for i, text in enumerate(MIXED):
-        for kind, params in (("greedy", GREEDY), ("seeded", SEEDED[i])):
-            engine.reset_prefix_cache()
-            results[kind].append(engine.generate_outputs([chat(text)], params)[0].token_ids)
+    results = []
+    for text, params in zip(MIXED, PARAMS):
+        engine.reset_prefix_cache()
+        results.append(engine.generate_outputs([chat(text)], params)[0].token_ids)
     return results
 
 
@@ -123,28 +125,23 @@ def test_engine_reports_the_mode(engine: Engine) -> None:
     assert engine.deterministic is True
 
 
-@pytest.mark.parametrize("kind", ["greedy", "seeded"])
-def test_batch_of_eight_equals_each_alone(engine: Engine, alone, kind: str) -> None:
-    params = GREEDY if kind == "greedy" else SEEDED
+def test_batch_of_eight_equals_each_alone(engine: Engine, alone) -> None:
     engine.reset_prefix_cache()
-    batch = engine.generate_outputs([chat(t) for t in MIXED], params)
-    assert [o.token_ids for o in batch] == alone[kind]
+    batch = engine.generate_outputs([chat(t) for t in MIXED], PARAMS)
+    assert [o.token_ids for o in batch] == alone
     # Another composition: a different order, so other neighbours and rows.
     engine.reset_prefix_cache()
     order = [5, 2, 7, 0, 3]
-    plist = params if kind == "greedy" else [SEEDED[i] for i in order]
-    subset = engine.generate_outputs([chat(MIXED[i]) for i in order], plist)
-    assert [o.token_ids for o in subset] == [alone[kind][i] for i in order]
+    subset = engine.generate_outputs([chat(MIXED[i]) for i in order], [PARAMS[i] for i in order])
+    assert [o.token_ids for o in subset] == [alone[i] for i in order]
 
 
-@pytest.mark.parametrize("kind", ["greedy", "seeded"])
-def test_after_a_prefix_cache_hit_equals_alone(engine: Engine, alone, kind: str) -> None:
-    params = GREEDY if kind == "greedy" else SEEDED
+def test_after_a_prefix_cache_hit_equals_alone(engine: Engine, alone) -> None:
     engine.reset_prefix_cache()
-    engine.generate_outputs([chat(t) for t in MIXED], params)  # fills the cache
-    again = engine.generate_outputs([chat(t) for t in MIXED], params)
+    engine.generate_outputs([chat(t) for t in MIXED], PARAMS)  # fills the cache
+    again = engine.generate_outputs([chat(t) for t in MIXED], PARAMS)
     assert sum(o.metrics.cached_prompt_tokens for o in again) > 0
-    assert [o.token_ids for o in again] == alone[kind]
+    assert [o.token_ids for o in again] == alone
 
 
 def test_continuation_over_cached_pages_equals_fresh(engine: Engine) -> None:
@@ -166,12 +163,10 @@ def test_continuation_over_cached_pages_equals_fresh(engine: Engine) -> None:
     assert hit.token_ids == cold.token_ids
 
 
-@pytest.mark.parametrize("kind", ["greedy", "seeded"])
-def test_chunked_prefill_equals_alone(default_model_dir: Path, alone, kind: str) -> None:
-    params = GREEDY if kind == "greedy" else SEEDED
+def test_chunked_prefill_equals_alone(default_model_dir: Path, alone) -> None:
     # 24 tokens a step: every prompt here is prefilled in several chunks,
     # interleaved with the other requests' decodes.
     with Engine(default_model_dir, device="cpu", deterministic=True, max_batch_tokens=24) as eng:
-        outputs = eng.generate_outputs([chat(t) for t in MIXED], params)
+        outputs = eng.generate_outputs([chat(t) for t in MIXED], PARAMS)
         assert max(len(o.prompt_token_ids) for o in outputs) > 24
-    assert [o.token_ids for o in outputs] == alone[kind]
+    assert [o.token_ids for o in outputs] == alone
