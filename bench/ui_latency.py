@@ -23,6 +23,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,7 @@ def run_alone(engine: Any, prompts: list[list[int]], params: Any) -> float:
     return decode_rate(replies)
 
 
-def run_with_window(engine: Any, settings: Any, panes: int) -> dict[str, Any]:
+def run_with_window(engine: Any, settings: Any, panes: int, store: Path | None = None) -> dict[str, Any]:
     from ui.event_loop import TandemEventLoop
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
@@ -67,9 +68,16 @@ def run_with_window(engine: Any, settings: Any, panes: int) -> dict[str, Any]:
     loop = TandemEventLoop(app)
     asyncio.set_event_loop(loop)
     workspace = Workspace(settings, engine=engine)
-    for _ in range(panes):
-        workspace.add_pane()
-    window = MainWindow(workspace, settings, version="bench", save_settings=False)
+    session = None
+    if store is not None:  # as the app runs: every message, reply and checkpoint written to a chat store
+        from app.session import ChatSession
+
+        session = ChatSession.open(store)
+        session.restore(workspace, default_panes=panes)
+    else:
+        for _ in range(panes):
+            workspace.add_pane()
+    window = MainWindow(workspace, settings, version="bench", save_settings=False, session=session)
     window.resize(1280, 800)
     window.show()
     ticks: list[float] = []
@@ -117,6 +125,8 @@ def run_with_window(engine: Any, settings: Any, panes: int) -> dict[str, Any]:
             stats = pane.conversation.messages[-1].stats
             replies.append((stats.generated_tokens, stats.ttft_s, stats.elapsed_s))
         window.hide()
+        if session is not None:
+            loop.run_until_complete(session.aclose())
     timed = [((b - a) * 1000, a - ticks[0]) for a, b in zip(ticks, ticks[1:])]
     worst_at = max(timed)[1] if timed else None
     gaps = sorted(gap for gap, _ in timed)
@@ -137,6 +147,8 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--threads", type=int, default=None, help="engine CPU threads (default: the engine's policy)")
+    parser.add_argument("--store", action="store_true",
+                        help="record into a chat store in a temporary folder, as the app does")
     args = parser.parse_args()
 
     from app.conversation import Conversation
@@ -155,7 +167,8 @@ def main() -> None:
     engine.generate_outputs([prompt], params=dataclasses.replace(params, max_tokens=8))  # warm-up
 
     alone_before = run_alone(engine, prompts, params)
-    ui = run_with_window(engine, settings, args.panes)
+    with tempfile.TemporaryDirectory(prefix="tandem-bench-") as folder:
+        ui = run_with_window(engine, settings, args.panes, Path(folder) / "chats.sqlite3" if args.store else None)
     alone_after = run_alone(engine, prompts, params)
     alone = (alone_before + alone_after) / 2
     gaps = ui["gaps"]
@@ -179,6 +192,7 @@ def main() -> None:
         "device": stats.device,
         "dtype": stats.dtype,
         "engine_threads": args.threads,
+        "chat_store": args.store,
         "machine": machine(),
         "os_cpus": os.cpu_count(),
     }
