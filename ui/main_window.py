@@ -17,6 +17,7 @@ from typing import Any
 from PySide6.QtCore import QByteArray, QEvent, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (
+    QAbstractItemView,
     QApplication,
     QDockWidget,
     QFrame,
@@ -142,6 +143,7 @@ class MainWindow(QMainWindow):
         self.model_manager: Any = None
         self.settings_dialog: Any = None
         self._banner_model: str | None = None  # the model the banner's button loads
+        self._sidebar_refresh_pending = False
         # After a crash no model loads by itself (it may be what crashed).
         self.crash_recovery = bool(getattr(session, "crashed_last_time", False))
         self._load_requested = False
@@ -196,10 +198,11 @@ class MainWindow(QMainWindow):
             self.sidebar_dock = QDockWidget("Chats", self)
             self.sidebar_dock.setObjectName("chatsDock")
             self.sidebar_dock.setWidget(self.sidebar)
+            self.sidebar_dock.setTitleBarWidget(QWidget())  # the sidebar has its own heading; Ctrl+B hides it
             self.sidebar_dock.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetClosable)
             self.sidebar_dock.setAllowedAreas(Qt.DockWidgetArea.LeftDockWidgetArea)
             self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, self.sidebar_dock)
-            self.resizeDocks([self.sidebar_dock], [self.fontMetrics().averageCharWidth() * 34], Qt.Orientation.Horizontal)
+            self.resizeDocks([self.sidebar_dock], [self.fontMetrics().averageCharWidth() * 40], Qt.Orientation.Horizontal)
             session.on_error(self._store_failed)
         self.store_banner = QLabel(central)
         self.store_banner.setObjectName("storeBanner")
@@ -360,6 +363,7 @@ class MainWindow(QMainWindow):
             view = self.panes.get(event.pane_id)
             if view is not None:
                 view.reply_finished(event.index)
+            self._sidebar_changed()
             self._update_streaming()
             if self.compare_action.isChecked():
                 self.refresh_compare()
@@ -367,6 +371,7 @@ class MainWindow(QMainWindow):
             view = self.panes.get(event.pane_id)
             if view is not None:
                 view.message_appended(event.index)
+            self._sidebar_changed()
         elif isinstance(event, ev.MessagesTruncated):
             view = self.panes.get(event.pane_id)
             if view is not None:
@@ -1074,6 +1079,32 @@ class MainWindow(QMainWindow):
             return
         self.set_current_pane(pane.id)
         self.composer.edit.setFocus()
+
+    def _sidebar_changed(self) -> None:
+        """Refresh the sidebar once the writes queued so far are in the store
+        (a marker job behind them posts the refresh back to this thread)."""
+        if self.sidebar is None or self._sidebar_refresh_pending or self._shutdown_started:
+            return
+        self._sidebar_refresh_pending = True
+        loop = asyncio.get_event_loop()
+
+        def written(_store: Any) -> None:  # on the writer thread
+            try:
+                loop.call_soon_threadsafe(self._refresh_sidebar)
+            except RuntimeError:  # the loop has closed
+                pass
+
+        if not self.session.writer.submit(written):
+            self._sidebar_refresh_pending = False
+
+    def _refresh_sidebar(self) -> None:
+        self._sidebar_refresh_pending = False
+        if self.sidebar is None or self._shutdown_done:
+            return
+        if self.sidebar.list.state() == QAbstractItemView.State.EditingState:
+            QTimer.singleShot(1000, self._sidebar_changed)  # not under a rename being typed
+            return
+        self.sidebar.refresh()
 
     def search_chats(self) -> None:
         if self.sidebar is None or self.sidebar_dock is None:

@@ -3,9 +3,11 @@
     QT_QPA_PLATFORM=offscreen .venv/bin/python docs/images/make_screenshots.py
 
 Writes, next to this file: panes-light.png and panes-dark.png (three panes
-mid-comparison, 1280x800), fork.png (a pane forked from a reply, its next
-turn served from the cache), compare.png (word-level differences).
-Uses a temporary config folder; the user's settings are not touched.
+mid-comparison, with the chats sidebar, 1440x860), fork.png (a pane forked
+from a reply, its next turn served from the cache), compare.png (word-level
+differences).
+Uses a temporary config folder and chat store; the user's settings and
+chats are not touched.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ def main() -> None:
     from ui.event_loop import TandemEventLoop
     from PySide6.QtWidgets import QApplication
 
+    from app.model_registry import ModelRegistry
+    from app.session import ChatSession
     from app.settings import Settings
     from app.workspace import Workspace
     from engine.sampling import SamplingParams
@@ -52,9 +56,13 @@ def main() -> None:
     settings = Settings()
     settings.default_params = dataclasses.replace(SamplingParams(), max_tokens=120)
     workspace = Workspace(settings)
-    panes = [workspace.add_pane() for _ in range(3)]
-    window = MainWindow(workspace, settings, version=version(), save_settings=False)
-    window.resize(1280, 800)
+    scratch = Path(os.environ["TANDEM_CONFIG_DIR"])
+    session = ChatSession.open(scratch / "chats.sqlite3")
+    panes = session.restore(workspace, default_panes=3)
+    registry = ModelRegistry(scratch / "models.json")
+    window = MainWindow(workspace, settings, version=version(), save_settings=False, session=session,
+                        registry=registry)
+    window.resize(1440, 860)
 
     async def grab(name: str) -> None:
         window._flush_panes()
@@ -108,6 +116,8 @@ def main() -> None:
         window.compare_action.setChecked(True)
         window.refresh_compare()
         await grab("compare.png")
+        window.compare_action.setChecked(False)
+
 
         closed = asyncio.Event()
         window.closed.connect(closed.set)

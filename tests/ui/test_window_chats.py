@@ -63,10 +63,10 @@ async def test_chats_are_listed_reopened_exported_and_imported(loop: Any, tiny_m
         first, second = window.workspace.panes
         await _send(window, "Plan a trip to Lisbon", [first.id])
         await _send(window, "Regex for ISO dates", [second.id])
-        window.session.writer.flush(10)
-        window.sidebar.refresh()
-        titles = [s.title for s in window.sidebar.summaries()]
-        assert titles == ["Regex for ISO dates", "Plan a trip to Lisbon"]  # newest first, titled from the first message
+        # The sidebar follows by itself once the writes are in, newest first,
+        # each chat titled from its first message.
+        await wait_until(lambda: [s.title for s in window.sidebar.summaries()]
+                         == ["Regex for ISO dates", "Plan a trip to Lisbon"], what="the sidebar to list both chats")
 
         # Closing a pane keeps its chat; the sidebar opens it again in a pane.
         conversation_id = first.conversation.id
