@@ -764,6 +764,17 @@ class ChatStore:
             conn.executemany("DELETE FROM layout WHERE conversation_id = ?", [(i,) for i in ids])
         return len(ids)
 
+    def purge_empty(self) -> int:
+        """Remove conversations without a message that no pane of the saved
+        layout shows (panes that were opened and closed unused); returns how many."""
+        with self._write() as conn:
+            cursor = conn.execute(
+                """DELETE FROM conversations
+                   WHERE NOT EXISTS (SELECT 1 FROM messages AS m WHERE m.conversation_id = conversations.id)
+                     AND id NOT IN (SELECT conversation_id FROM layout)"""
+            )
+        return cursor.rowcount
+
     def save_layout(self, panes: Sequence[PaneLayout]) -> None:
         """The open panes, left to right (replaces the saved layout)."""
         with self._write() as conn:

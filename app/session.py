@@ -50,6 +50,9 @@ class ChatSession:
         writer = StoreWriter(store.path, on_error=post_errors(loop, lambda error: session._report(error)))
         session = cls(store, writer)
         writer.mark_session_start()
+        # Chats deleted last time (their undo is over) and panes closed unused.
+        writer.submit(lambda store: store.purge_deleted())
+        writer.submit(lambda store: store.purge_empty())
         return session
 
     # -- errors -------------------------------------------------------------------

@@ -206,3 +206,35 @@ def test_panes_on_two_models_stream_at_once(tiny_model_dir: Path, tmp_path: Path
         assert workspace.model_state(str(tiny_model_dir)) == "closed"
 
     asyncio.run(main())
+
+
+def test_a_new_run_forgets_deleted_chats_and_panes_closed_unused(tiny_engine: Engine, tmp_path: Path) -> None:
+    path = tmp_path / "chats.sqlite3"
+
+    async def first_run() -> tuple[str, str, str]:
+        session = ChatSession.open(path)
+        workspace = Workspace(Settings(), engine=tiny_engine)
+        kept, deleted = session.restore(workspace, default_panes=2)
+        unused = workspace.add_pane()
+        for pane in (kept, deleted):
+            workspace.set_params(pane.id, GREEDY)
+            await (await workspace.send("Hello", targets=[pane.id])).wait()
+        workspace.close_pane(unused.id)
+        workspace.close_pane(deleted.id)
+        session.writer.delete(deleted.conversation.id)
+        await session.aclose()
+        return kept.conversation.id, deleted.conversation.id, unused.conversation.id
+
+    kept, deleted, unused = asyncio.run(first_run())
+    with ChatStore.open(path, recover=False) as store:
+        assert store.is_deleted(deleted)  # undoable until the next run
+        assert store.load_conversation(unused).messages == []
+
+    async def second_run() -> None:
+        session = ChatSession.open(path)
+        assert await asyncio.to_thread(session.writer.flush, 10)
+        ids = {c.id for c in session.store.list_conversations()} | {c.id for c in session.store.list_conversations(deleted=True)}
+        assert ids == {kept}
+        await session.aclose()
+
+    asyncio.run(second_run())
