@@ -6,7 +6,9 @@ All of them are opened with `open()` (window-modal, not blocking): a nested
 
 from __future__ import annotations
 
+import html
 from collections.abc import Sequence
+from pathlib import Path
 
 from PySide6.QtWidgets import (
     QDialog,
@@ -85,12 +87,19 @@ class ShortcutsDialog(QDialog):
         self.resize(max(width, self.fontMetrics().averageCharWidth() * 50), height)
 
 
-def about_text(version: str, device: str, model: str) -> str:
+def about_text(version: str, device: str, model: str, log_folder: Path | None = None) -> str:
+    """The About box. `log_folder` (default: ui.crash_log.log_dir()) is where
+    crash reports go: the place to look, and to attach from, after a problem."""
+    if log_folder is None:
+        from ui.crash_log import log_dir
+
+        log_folder = log_dir()
     return (
-        f"<h3>Tandem {version}</h3>"
+        f"<h3>Tandem {html.escape(version)}</h3>"
         "<p>Local language models in several side-by-side conversations, "
         "served by one engine with a paged KV cache, a prefix cache and continuous batching.</p>"
-        f"<p><b>Model:</b> {model}<br><b>Device:</b> {device}</p>"
+        f"<p><b>Model:</b> {html.escape(model)}<br><b>Device:</b> {html.escape(device)}</p>"
+        f"<p><b>Crash reports and logs:</b><br><a href='{log_folder.as_uri()}'>{html.escape(str(log_folder))}</a></p>"
         "<p>Apache-2.0</p>"
     )
 

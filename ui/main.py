@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 
@@ -50,7 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--smoke-test",
         metavar="OUT.png",
         help="open two panes, send one prompt to both on the model, save a screenshot to OUT.png and exit "
-        "(0 on success; otherwise one line says why). Never touches your saved settings.",
+        "(0 on success; otherwise one line says why). Never touches your saved settings; its two "
+        "conversations are saved among your chats, titled 'Smoke test: ...', so a second start can check them.",
     )
     parser.add_argument("--version", action="version", version=f"tandem {version()}")
     args = parser.parse_args(argv)
@@ -66,6 +68,30 @@ def _run_settings(saved: Any, args: argparse.Namespace) -> Any:
     overrides = {k: v for k, v in (("model", args.model), ("device", args.device), ("dtype", args.dtype),
                                    ("threads", args.threads), ("theme", args.theme)) if v is not None}
     return dataclasses.replace(saved, **overrides)
+
+
+def resources_dir() -> Path:
+    """resources/ (icons, the .desktop file): inside the bundle when frozen
+    (packaging/tandem.spec puts it there), else beside the source tree."""
+    bundle = getattr(sys, "_MEIPASS", None)
+    if bundle is not None:
+        return Path(bundle) / "resources"
+    return Path(__file__).resolve().parent.parent / "resources"
+
+
+def _set_app_identity(app: Any) -> None:
+    """The window icon, and the name that ties the window to tandem.desktop
+    (Wayland's app id, the taskbar's grouping). Without resources/ (a bare
+    pip install) the window just has the desktop's default icon."""
+    from PySide6.QtGui import QIcon
+
+    app.setDesktopFileName("tandem")
+    icons = resources_dir() / "icons"
+    icon = QIcon()
+    for png in sorted(icons.glob("tandem-*.png")):
+        icon.addFile(str(png))
+    if not icon.isNull():
+        app.setWindowIcon(icon)
 
 
 def _model_resolver(registry: Any) -> Any:
@@ -119,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     from app.session import ChatSession
     from app.settings import Settings
     from app.workspace import Workspace
+    from ui import crash_log
     from ui.main_window import MainWindow
     from ui.theme import apply_theme
 
@@ -127,9 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Tandem")
     app.setApplicationVersion(version())
+    _set_app_identity(app)
     apply_theme(app, settings.theme)
     loop = TandemEventLoop(app)
     asyncio.set_event_loop(loop)
+    crash_log.attach_loop(loop)
 
     registry = ModelRegistry()
     workspace = Workspace(settings, resolve_model=_model_resolver(registry))
@@ -186,8 +215,23 @@ def run() -> None:
     order has aborted the process after a clean run ("terminate called
     without an active exception"), twice in the test suite's full runs. An
     exit code that says failure after a clean run is worse than skipping it.
+
+    Unexpected errors go to a crash report and a dialog (ui.crash_log), in
+    development as in the installed bundle.
     """
-    code = main()
+    from ui import crash_log
+
+    crash_log.install()
+    try:
+        code = main()
+    except SystemExit:  # --help, --version, a wrong option: argparse's exit, nothing crashed
+        crash_log.clean_exit()
+        raise
+    except Exception:  # escaped main(): reported like any other, and the exit status says so
+        crash_log.report(*sys.exc_info(), where="start-up or shutdown")  # type: ignore[arg-type]
+        code = 1
+    else:
+        crash_log.clean_exit()
     sys.stdout.flush()
     sys.stderr.flush()
     logging.shutdown()

@@ -6,6 +6,16 @@ window saved. Exit 0 on success; otherwise one line on stderr says why and
 the exit status is 1. Settings go to a temporary config folder, so the
 user's own are never read or written; imported models (TANDEM_DATA_DIR) are
 shared, so a second run does not import the model again.
+
+The two conversations are saved to the chat store in the data folder
+(through app.session.ChatSession, as a run of the app saves them), titled
+"Smoke test: ...", so that a later start, or `tandem chats list`, proves the
+store written here is the one found there: that is what tells a packaged
+app from one that keeps its data somewhere else. The saved window layout is
+left alone (the user's open panes are not replaced by the smoke test's).
+
+A line `startup: ...` gives the seconds from the process's start to the
+window being shown and to the model being ready (docs/packaging.md).
 """
 
 from __future__ import annotations
@@ -16,16 +26,34 @@ import dataclasses
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 PROMPT = "In one sentence, what is a tandem bicycle?"
 LOAD_TIMEOUT_S = 900.0  # the first run imports the GGUF file
 REPLY_TIMEOUT_S = 300.0
 MAX_TOKENS = 48
+SMOKE_TITLE = "Smoke test"  # the saved conversations' titles start with it
 
 
 class SmokeFailure(Exception):
     pass
+
+
+def process_age() -> float | None:
+    """Seconds since this process started (Linux: from /proc), or None where
+    that is not known. In the one-folder bundle the bootloader and Python
+    are one process, so the bootloader's part of the start counts too."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            # The command name (field 2) may hold spaces; the fields after it are plain.
+            fields = f.read().rsplit(")", 1)[1].split()
+        started_ticks = int(fields[19])  # field 22, starttime, in clock ticks after boot
+        with open("/proc/uptime", encoding="ascii") as f:
+            uptime = float(f.read().split()[0])
+        return uptime - started_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def run_smoke_test(args: argparse.Namespace) -> int:
@@ -51,27 +79,43 @@ def _run(args: argparse.Namespace, out: Path) -> None:
     from ui.event_loop import TandemEventLoop
     from PySide6.QtWidgets import QApplication
 
+    from app.chat_store import StoreError
+    from app.session import ChatSession
     from app.settings import Settings
     from app.workspace import Workspace
-    from ui.main import _run_settings, version
+    from ui import crash_log
+    from ui.main import _run_settings, _set_app_identity, version
     from ui.main_window import MainWindow
     from ui.theme import apply_theme
 
     settings = _run_settings(Settings.load(), args)  # the temporary folder's: the defaults
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Tandem")
+    _set_app_identity(app)
     apply_theme(app, settings.theme)
     loop = TandemEventLoop(app)
     asyncio.set_event_loop(loop)
+    crash_log.attach_loop(loop)
+    try:
+        session = ChatSession.open()
+    except StoreError as exc:
+        raise SmokeFailure(f"the chat store cannot be used: {exc}") from None
     workspace = Workspace(settings)
     first, second = workspace.add_pane(), workspace.add_pane()
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    first.conversation.title = f"{SMOKE_TITLE}: greedy ({stamp})"
+    second.conversation.title = f"{SMOKE_TITLE}: sampled, seed 7 ({stamp})"
     window = MainWindow(workspace, settings, version=version(), save_settings=False)
     window.resize(1280, 800)
+    timings: dict[str, float | None] = {}
 
     async def scenario() -> None:
         window.show()
+        await asyncio.sleep(0)  # one turn of the loop: the window's first paint
+        timings["window"] = process_age()
         window.load_engine()
         await _wait_ready(workspace)
+        timings["ready"] = process_age()
         base = dataclasses.replace(settings.default_params, max_tokens=MAX_TOKENS)
         workspace.set_params(first.id, dataclasses.replace(base, temperature=0.0, seed=None))
         workspace.set_params(second.id, dataclasses.replace(base, temperature=0.7, seed=7))
@@ -102,6 +146,7 @@ def _run(args: argparse.Namespace, out: Path) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         if not window.grab().save(str(out), "PNG"):
             raise SmokeFailure(f"could not write the screenshot to {out}")
+        await _save_conversations(session, [first, second])
 
     failure: list[BaseException] = []
 
@@ -121,8 +166,32 @@ def _run(args: argparse.Namespace, out: Path) -> None:
 
     with loop:
         loop.run_until_complete(main())
+        # Closed whatever happened: an open session would read as a crash at the next start.
+        if not loop.run_until_complete(session.aclose()):
+            failure.append(SmokeFailure(f"the chat store's writer did not finish saving to {session.store.path}"))
     if failure:
         raise failure[0]
+    print(
+        f"startup: window shown {_seconds(timings.get('window'))}, "
+        f"model ready {_seconds(timings.get('ready'))} after the process started"
+    )
+
+
+def _seconds(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f} s"
+
+
+async def _save_conversations(session: object, panes: list) -> None:
+    """Queue both conversations for the store's writer and wait until it has
+    written them (a write failure comes back as the writer's failure count)."""
+    writer = session.writer
+    failures = writer.failures
+    for pane in panes:
+        writer.save_conversation(pane.conversation)
+    if not await asyncio.to_thread(writer.flush, 30.0):
+        raise SmokeFailure(f"saving the conversations to {session.store.path} took longer than 30 s")
+    if writer.failures != failures:
+        raise SmokeFailure(f"the conversations could not be saved to {session.store.path}")
 
 
 async def _wait_ready(workspace: object) -> None:

@@ -23,7 +23,8 @@ def test_smoke_test_passes_and_writes_a_png(default_model_dir: Path, tmp_path: P
     config = tmp_path / "user-config"
     config.mkdir()
     (config / "settings.json").write_text('{"theme": "dark"}', encoding="utf-8")
-    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", TANDEM_CONFIG_DIR=str(config))
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", TANDEM_CONFIG_DIR=str(config),
+               TANDEM_LOG_DIR=str(tmp_path / "log"))
     result = subprocess.run(
         # faulthandler: should the process ever die of a signal, its threads' stacks are in stderr.
         [sys.executable, "-X", "faulthandler", "-m", "ui.main", "--smoke-test", str(out)],
