@@ -49,6 +49,7 @@ APP_LOG_BYTES = 1_000_000
 APP_LOG_BACKUPS = 2
 
 _lock = threading.Lock()
+_stderr_lock = threading.Lock()
 _installed = False
 _fatal_file: IO[str] | None = None
 _fatal_path: Path | None = None
@@ -152,7 +153,11 @@ def report(
     path = write_report(exc_type, exc, tb, where=where)
     summary = _summary(exc)
     where_saved = f"details saved to {path}" if path else "no crash report could be written"
-    print(f"Tandem: unexpected error in {where}: {summary} ({where_saved})", file=sys.stderr, flush=True)
+    # One write under a lock: print() writes the text and the newline apart,
+    # so two threads reporting at once would run their lines together.
+    with _stderr_lock:
+        sys.stderr.write(f"Tandem: unexpected error in {where}: {summary} ({where_saved})\n")
+        sys.stderr.flush()
     details = "".join(traceback.format_exception(exc_type, exc, tb))
     if threading.current_thread() is threading.main_thread():
         show_dialog(summary, path, details)
