@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from datetime import datetime
 from pathlib import Path
 from typing import TextIO
 
 from app.chat_store import ChatStore, ConversationSummary, default_path
 from app.errors import AppError
+from app.files import write_text_atomically
 
 SHORT_ID = 8
 
@@ -146,25 +145,7 @@ def _export(store: ChatStore, prefix: str, fmt: str, output: str | None, out: Te
     if output is None:
         out.write(text)
         return
-    _write_atomically(Path(output), text)
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Write through a temporary file beside `path`: an interrupted export never leaves a half file."""
-    folder = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_text_atomically(Path(output), text)
 
 
 def _import(path: Path, file: Path, out: TextIO) -> int:

@@ -312,11 +312,19 @@ class Conversation:
         starts = [i for i in range(first + 1, upto) if self.messages[i].role == "user"]
         if user_text is not None:
             starts.append(upto)
-        for start in starts:
-            prompt = tokenizer.encode_chat(self.chat_messages(upto, user_text, start=start))
+        # Dropping more turns never lengthens the prompt, so the oldest start
+        # that fits is found by bisection: a few encodes of the conversation on
+        # the GUI thread, not one per turn.
+        found: tuple[list[int], int] | None = None
+        lo, hi = 0, len(starts) - 1
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            prompt = tokenizer.encode_chat(self.chat_messages(upto, user_text, start=starts[mid]))
             if len(prompt) <= budget:
-                return prompt, start
-        return None
+                found, hi = (prompt, starts[mid]), mid - 1
+            else:
+                lo = mid + 1
+        return found
 
     def insert_notice(self, index: int, text: str) -> int:
         """Insert a notice before messages[index]; the model is fed only what follows it."""

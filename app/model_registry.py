@@ -28,7 +28,6 @@ import mmap
 import os
 import re
 import struct
-import tempfile
 import threading
 import unicodedata
 from collections import Counter
@@ -40,6 +39,7 @@ from typing import Any, Literal
 from safetensors import SafetensorError, safe_open
 
 from app.errors import AppError
+from app.files import write_text_atomically
 from app.memory_estimate import MemoryEstimate, ModelShape, estimate_memory
 from engine import default_model
 from engine.config import ModelConfig
@@ -925,28 +925,15 @@ class ModelRegistry:
             "models": [self._entry_to_json(entry) for entry in self._entries],
         }
         text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
-        temporary: str | None = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, temporary = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
-            with os.fdopen(fd, "w", encoding="utf-8") as file:
-                file.write(text)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temporary, self.path)
-            temporary = None
+            write_text_atomically(self.path, text)
             _fsync_dir(self.path.parent)
         except OSError as exc:
             hint = " The disk is full; free some space and try again." if exc.errno == 28 else ""
             raise ModelStorageError(
                 f"Could not save the model list to {self.path}: {exc.strerror or exc}.{hint}"
             ) from exc
-        finally:
-            if temporary is not None:
-                try:
-                    os.unlink(temporary)
-                except OSError:
-                    pass
 
     @staticmethod
     def _entry_to_json(entry: ModelEntry) -> dict[str, Any]:

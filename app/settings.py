@@ -28,6 +28,7 @@ import platformdirs
 
 from app.conversation import CONTEXT_POLICIES
 from app.errors import AppError
+from app.files import write_text_atomically
 from engine.params import InvalidSamplingParams, SamplingParams
 
 SETTINGS_FILE_NAME = "settings.json"
@@ -191,10 +192,7 @@ class Settings:
         self.validate()
         path = Path(path) if path is not None else settings_path()
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(path.name + ".tmp")
-        temporary.write_text(json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        os.replace(temporary, path)
-        return path
+        return write_text_atomically(path, json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n")
 
     def engine_kwargs(self) -> dict[str, Any]:
         """The Engine constructor arguments these settings choose."""

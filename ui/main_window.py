@@ -35,6 +35,7 @@ from PySide6.QtWidgets import (
 
 from app import events as ev
 from app.errors import AppError
+from app.files import write_text_atomically
 from app.compare import word_diff
 from engine.errors import EngineError
 from ui.compare_bar import CompareBar
@@ -190,7 +191,7 @@ class MainWindow(QMainWindow):
         self.sidebar: ChatSidebar | None = None
         self.sidebar_dock: QDockWidget | None = None
         if session is not None:
-            self.sidebar = ChatSidebar(_SidebarStore(session, lambda: self.sidebar), self)
+            self.sidebar = ChatSidebar(_SidebarStore(session, self._sidebar_changed), self)
             self.sidebar.open_requested.connect(self.open_conversation)
             self.sidebar.new_requested.connect(self.new_chat)
             self.sidebar.renamed.connect(self._conversation_renamed)
@@ -1081,24 +1082,27 @@ class MainWindow(QMainWindow):
         self.composer.edit.setFocus()
 
     def _sidebar_changed(self) -> None:
-        """Refresh the sidebar once the writes queued so far are in the store
-        (a marker job behind them posts the refresh back to this thread)."""
-        if self.sidebar is None or self._sidebar_refresh_pending or self._shutdown_started:
+        """Refresh the sidebar once the writes queued so far are in the store:
+        a marker job behind them posts the refresh back to this thread. A
+        marker that finds a refresh already posted (and not yet run) posts
+        none: that refresh reads the store after this marker's writes too."""
+        if self.sidebar is None or self._shutdown_started:
             return
-        self._sidebar_refresh_pending = True
         loop = asyncio.get_event_loop()
 
         def written(_store: Any) -> None:  # on the writer thread
+            if self._sidebar_refresh_pending:
+                return
+            self._sidebar_refresh_pending = True
             try:
                 loop.call_soon_threadsafe(self._refresh_sidebar)
             except RuntimeError:  # the loop has closed
                 pass
 
-        if not self.session.writer.submit(written):
-            self._sidebar_refresh_pending = False
+        self.session.writer.submit(written)
 
     def _refresh_sidebar(self) -> None:
-        self._sidebar_refresh_pending = False
+        self._sidebar_refresh_pending = False  # before reading: a later marker posts again
         if self.sidebar is None or self._shutdown_done:
             return
         if self.sidebar.list.state() == QAbstractItemView.State.EditingState:
@@ -1173,7 +1177,7 @@ class MainWindow(QMainWindow):
                 import json
 
                 text = json.dumps(to_json(conversation), indent=2, ensure_ascii=False) + "\n"
-            return _write_text(Path(path), text, self)
+            return self._save_text(Path(path), text)
         except Exception as exc:
             self.report_error("Exporting the chat", exc)
             return None
@@ -1188,10 +1192,18 @@ class MainWindow(QMainWindow):
             if path is None:
                 return None
         try:
-            return _write_text(Path(path), comparison_markdown(panes), self)
+            return self._save_text(Path(path), comparison_markdown(panes))
         except Exception as exc:
             self.report_error("Exporting the comparison", exc)
             return None
+
+    def _save_text(self, path: Path, text: str) -> Path:
+        try:
+            write_text_atomically(path, text)
+        except OSError as exc:
+            raise OSError(f"{path} could not be written: {exc.strerror or exc}") from None
+        self.statusBar().showMessage(f"Saved {path}", 10000)
+        return path
 
     def import_chat(self, path: str | None = None) -> None:
         """Open a chat exported as Tandem JSON in a new pane (and save it)."""
@@ -1346,12 +1358,13 @@ class MainWindow(QMainWindow):
 
 class _SidebarStore:
     """The sidebar's view of the chat store: reads on the GUI thread's own
-    connection (quick), writes through the writer thread (never waits for
-    a transaction in progress), then the sidebar refreshes."""
+    connection (quick), writes queued for the writer thread (the GUI thread
+    never waits for a transaction in progress); `written()` is called once
+    they are in, to refresh the list."""
 
-    def __init__(self, session: Any, sidebar: Callable[[], Any]) -> None:
+    def __init__(self, session: Any, written: Callable[[], None]) -> None:
         self._session = session
-        self._sidebar = sidebar
+        self._written = written
 
     def list_conversations(self, search: str | None = None) -> list[Any]:
         # Empty chats (a pane nobody wrote in yet) are not worth listing.
@@ -1367,10 +1380,8 @@ class _SidebarStore:
         self._write(lambda store: store.undelete(conversation_id))
 
     def _write(self, fn: Callable[[Any], None]) -> None:
-        writer = self._session.writer
-        writer.submit(fn)
-        # Small and rare: wait for it so the list the sidebar reads next shows it.
-        writer.flush(2.0)
+        self._session.writer.submit(fn)
+        self._written()
 
 
 def _file_stem(title: str) -> str:
@@ -1378,17 +1389,3 @@ def _file_stem(title: str) -> str:
 
     stem = re.sub(r"[^\w\- ]+", "", title).strip().replace(" ", "-")[:60]
     return stem or "chat"
-
-
-def _write_text(path: Path, text: str, parent: QWidget) -> Path:
-    """Write atomically: a full disk leaves the old file (or none), never half of one."""
-    temporary = path.with_name(path.name + ".part")
-    try:
-        temporary.write_text(text, encoding="utf-8")
-        temporary.replace(path)
-    except OSError as exc:
-        temporary.unlink(missing_ok=True)
-        raise OSError(f"{path} could not be written: {exc.strerror or exc}") from None
-    if isinstance(parent, MainWindow):
-        parent.statusBar().showMessage(f"Saved {path}", 10000)
-    return path

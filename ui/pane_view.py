@@ -13,6 +13,7 @@ from typing import Any
 from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtGui import QFont, QPalette
 from PySide6.QtWidgets import (
+    QComboBox,
     QFrame,
     QHBoxLayout,
     QLabel,
@@ -98,6 +99,10 @@ class PaneView(QFrame):
         self.model_picker = ModelPicker(self.header)
         self.model_picker.setFocusPolicy(Qt.FocusPolicy.TabFocus)
         self.model_picker.model_chosen.connect(lambda model_id: self.model_chosen.emit(self.pane_id, model_id))
+        # Narrow panes share the header with the settings summary: the picker
+        # shows the start of a long model name (the full name is in its list).
+        self.model_picker.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.model_picker.setMinimumContentsLength(12)
         self.model_picker.hide()  # shown once the window gives it the models to choose from
         self.summary_label = ElidedLabel(self.header)
         # "ready" | "loading" | "error" | "unloaded" | "closed": the pane's model, as the window last heard.

@@ -107,6 +107,19 @@ async def test_chats_are_listed_reopened_exported_and_imported(loop: Any, tiny_m
         window.import_chat(str(bad))
         assert "not a Tandem chat" in window.composer.notice.text()
         assert len(window.workspace.panes) == panes_before + 1
+
+        # Rename and delete from the sidebar: written by the store's thread,
+        # then shown; the open pane follows.
+        window.sidebar.search.setText("")
+        window.sidebar.rename(second.conversation.id, "ISO 8601 regex")
+        assert second.conversation.title == "ISO 8601 regex"
+        await wait_until(lambda: "ISO 8601 regex" in [s.title for s in window.sidebar.summaries()], what="the rename")
+        window.sidebar.delete(second.conversation.id)
+        await wait_until(lambda: "ISO 8601 regex" not in [s.title for s in window.sidebar.summaries()],
+                         what="the delete")
+        assert second.id not in window.panes  # a deleted chat leaves its pane
+        window.sidebar.undo_delete()
+        await wait_until(lambda: "ISO 8601 regex" in [s.title for s in window.sidebar.summaries()], what="the undo")
     finally:
         await _close(window)
 
