@@ -3,16 +3,20 @@
 Before the window loads another model it asks three questions, answered here
 without loading anything:
 
-- `estimate_memory(shape, device, dtype, kv_cache_mb, page_size)`: the bytes
-  the engine will hold for the weights and the KV pool. It mirrors what the
-  engine does at load time, and must be kept in step with it:
-  engine/loader.py `resolve_device`/`resolve_dtype` (which device and dtype
-  "auto" means; reused here), engine/model.py `LlamaModel.__init__` (norms
-  and the KV cache in `act_dtype`, fp32 on the CPU), engine/linear.py
-  `Linear` (on the CPU a oneDNN-packed second copy of every matmul weight,
-  lm_head included) and engine/engine.py `_EngineCore._default_kv_pages` /
+- `estimate_memory(shape, device, dtype, kv_cache_mb, page_size, stored=,
+  quantize=, quantized=)`: the bytes the engine will hold for the weights and
+  the KV pool. It mirrors what the engine does at load time, and must be kept
+  in step with it: engine/loader.py `resolve_device`/`resolve_dtype` (which
+  device and dtype "auto" means; reused here), `resolve_quantized_compute`
+  (whether block-quantized weights run quantized or are dequantized; reused)
+  and `quantized_copy` (what `quantize="int8"|"int4"` keeps quantized),
+  engine/model.py `LlamaModel.__init__` (norms and the KV cache in
+  `act_dtype`, fp32 on the CPU), engine/linear.py `Linear` (on the CPU a
+  oneDNN-packed second copy of every float matmul weight, lm_head included),
+  engine/quant.py `QuantLinear` (one copy of the blocks, a float32 bias) and
+  engine/engine.py `_EngineCore._default_kv_pages` /
   `kv_cache_bytes_per_page` (the KV pool size). tests/app/test_model_registry.py
-  checks the estimate against a really loaded engine, so a change there that
+  checks the estimate against really loaded engines, so a change there that
   is not made here fails a test.
 - `available_memory(device)`: the bytes free on the device now.
 - `check_fits(estimate, available, loaded)`: fits, or which idle models to
@@ -26,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,9 +39,10 @@ import torch
 
 from engine.config import ModelConfig
 from engine.errors import ModelLoadError
-from engine.loader import resolve_device, resolve_dtype
+from engine.loader import QUANTIZE_MODES, resolve_device, resolve_dtype, resolve_quantized_compute
 from engine.memory import DESKTOP_RESERVE_BYTES, RUNTIME_EXTRA_BYTES
 from engine.progress import format_bytes
+from engine.quant import GROUP_SIZE
 
 MIB = 1 << 20
 # engine/engine.py _default_kv_pages: the KV budget on the CPU when none is given.
@@ -44,6 +50,16 @@ CPU_DEFAULT_KV_BYTES = 1 << 30
 # engine/engine.py _default_kv_pages: never more pages than this many
 # sequences at full context.
 KV_CAP_SEQUENCES = 8
+# Bytes of one group of GROUP_SIZE weights in each engine.quant format: the
+# levels (8 or 4 bits each) plus a float16 scale (and a float16 min for q4_1).
+BLOCK_BYTES = {"q8_0": GROUP_SIZE + 2, "q4_0": GROUP_SIZE // 2 + 2, "q4_1": GROUP_SIZE // 2 + 4}
+EMBEDDING_NAME = "model.embed_tokens.weight"
+LM_HEAD_NAME = "lm_head.weight"
+
+
+def quantized_bytes(fmt: str, params: int) -> int:
+    """Bytes of `params` weights held in the block format `fmt` (rows are whole groups)."""
+    return params * BLOCK_BYTES[fmt] // GROUP_SIZE
 
 
 @dataclass(slots=True, frozen=True)
@@ -100,6 +116,62 @@ class ModelShape:
 
 
 @dataclass(slots=True, frozen=True)
+class QuantizedWeights:
+    """Which of a model's weights are block-quantized (engine.quant formats),
+    counted the way ModelShape counts parameters. Empty: a float checkpoint.
+
+    `matmul`: (format, parameters) of the layers' quantized matrices; the rest
+    of ModelShape.matmul_params is float. `embedding` / `lm_head`: the
+    format of that table, None when it is float (or, for the head, absent).
+    """
+
+    matmul: tuple[tuple[str, int], ...] = ()
+    embedding: str | None = None
+    lm_head: str | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.matmul or self.embedding or self.lm_head)
+
+    @property
+    def formats(self) -> tuple[str, ...]:
+        """The formats present, sorted: ("q4_1", "q8_0")."""
+        found = {fmt for fmt, _ in self.matmul} | {f for f in (self.embedding, self.lm_head) if f}
+        return tuple(sorted(found))
+
+    @classmethod
+    def from_formats(
+        cls, formats: Mapping[str, str], shapes: Mapping[str, tuple[int, ...]]
+    ) -> QuantizedWeights:
+        """From a folder's config.json "quantization" map (engine.loader
+        quantized_formats: weight name -> format) and the weights' [rows, cols]."""
+        matmul: Counter[str] = Counter()
+        embedding = lm_head = None
+        for name, fmt in formats.items():
+            if name == EMBEDDING_NAME:
+                embedding = fmt
+            elif name == LM_HEAD_NAME:
+                lm_head = fmt
+            elif name in shapes:
+                rows, cols = shapes[name]
+                matmul[fmt] += rows * cols
+        return cls(tuple(sorted(matmul.items())), embedding, lm_head)
+
+    @classmethod
+    def planned(cls, shape: ModelShape, mode: str) -> QuantizedWeights:
+        """What `quantize=mode` keeps of a float checkpoint (engine/loader.py
+        quantized_copy): every layer matrix in the mode's format, the
+        embedding and a separate LM head in q8_0. Llama-family widths are
+        multiples of the 32-weight group, so every matrix qualifies."""
+        if mode not in QUANTIZE_MODES:
+            raise ModelLoadError(f"Unknown quantization '{mode}': use {', '.join(QUANTIZE_MODES)}")
+        return cls(
+            ((QUANTIZE_MODES[mode], shape.matmul_params),) if shape.matmul_params else (),
+            "q8_0",
+            "q8_0" if shape.lm_head_params else None,
+        )
+
+
+@dataclass(slots=True, frozen=True)
 class MemoryEstimate:
     weights_bytes: int
     kv_bytes: int
@@ -112,15 +184,22 @@ class MemoryEstimate:
     # is free after loading, and kv_bytes is the least it needs (one
     # conversation at the model's full context).
     kv_adaptive: bool = False
+    # True on the CPU: the engine commits the KV pool's memory as pages are
+    # first used, so kv_bytes is what a full pool holds, not what start-up does.
+    kv_grows: bool = False
+    # How the weights are held, as Engine.stats().weights says it:
+    # "q4_1+q8_0 (kernel)", "float32 (dequantized from q4_1+q8_0)"; "" for
+    # plain float weights (then `dtype` says it).
+    weights: str = ""
 
     @property
     def total_bytes(self) -> int:
         return self.weights_bytes + self.kv_bytes + self.overhead_bytes
 
     def describe(self) -> str:
-        """'about 1.6 GB (weights 1.1 GB as float32 + KV cache 537 MB)'"""
-        parts = [f"weights {format_bytes(self.weights_bytes)} as {self.dtype}"]
-        kv = f"KV cache {format_bytes(self.kv_bytes)}"
+        """'about 1.6 GB (weights 1.1 GB as float32 + KV cache up to 537 MB)'"""
+        parts = [f"weights {format_bytes(self.weights_bytes)} as {self.weights or self.dtype}"]
+        kv = f"KV cache {'up to ' if self.kv_grows else ''}{format_bytes(self.kv_bytes)}"
         parts.append(kv + (" or more" if self.kv_adaptive else ""))
         if self.overhead_bytes:
             parts.append(f"{format_bytes(self.overhead_bytes)} kept free for the desktop")
@@ -133,12 +212,24 @@ def estimate_memory(
     dtype: str = "auto",
     kv_cache_mb: int | None = None,
     page_size: int = 16,
+    *,
+    stored: QuantizedWeights | None = None,
+    quantize: str | None = None,
+    quantized: str = "auto",
 ) -> MemoryEstimate:
     """The memory an Engine(device=device, dtype=dtype, page_size=page_size,
-    kv_cache_bytes=kv_cache_mb MiB) of this model will hold.
+    kv_cache_bytes=kv_cache_mb MiB, quantize=quantize, quantized=quantized)
+    of this model will hold.
 
-    Raises engine.errors.ModelLoadError for a device or dtype the engine
-    would refuse (CUDA asked for without a GPU, an unknown dtype).
+    `stored`: the weights the model's folder keeps block-quantized (an
+    imported GGUF file); they count at their blocks' bytes where they will
+    run quantized, at float size where they will be dequantized. `quantize`
+    ("int8", "int4") quantizes a float checkpoint at load; it is ignored for
+    a folder that is quantized already, as the engine ignores it.
+
+    Raises engine.errors.ModelLoadError for a device, dtype or quantization
+    the engine would refuse (CUDA asked for without a GPU, an unknown dtype,
+    `quantize` where no quantized kernel runs).
     """
     if page_size < 1:
         raise ModelLoadError("page_size must be at least 1")
@@ -147,14 +238,31 @@ def estimate_memory(
     # engine/model.py: norms, activations and the KV cache run in fp32 on the CPU.
     act_dtype = torch.float32 if dev.type == "cpu" else weight_dtype
     w, a = weight_dtype.itemsize, act_dtype.itemsize
+    dtype_name = str(weight_dtype).removeprefix("torch.")
 
-    weights = (
-        shape.matmul_params + shape.embedding_params + shape.lm_head_params + shape.bias_params
-    ) * w + shape.norm_params * a
-    if dev.type == "cpu" and cpu_packs_weights(weight_dtype):
-        # engine/linear.py keeps the plain weight and oneDNN's blocked copy;
-        # a tied lm_head packs the embedding.
-        weights += (shape.matmul_params + (shape.lm_head_params or shape.embedding_params)) * w
+    blocks = stored or QuantizedWeights()
+    if quantize is not None and not blocks:
+        blocks = QuantizedWeights.planned(shape, quantize)
+        run_quantized = resolve_quantized_compute(quantized, dev, asked=True) == "kernel"
+    elif blocks:
+        run_quantized = resolve_quantized_compute(quantized, dev) == "kernel"
+    else:
+        run_quantized = False
+
+    if run_quantized:
+        weights, held = _quantized_weight_bytes(shape, blocks, dev, weight_dtype)
+        kernel = "kernel" if dev.type == "cpu" else "triton"
+        described = f"{held} ({kernel})"
+    else:
+        weights = (
+            shape.matmul_params + shape.embedding_params + shape.lm_head_params + shape.bias_params
+        ) * w
+        if dev.type == "cpu" and cpu_packs_weights(weight_dtype):
+            # engine/linear.py keeps the plain weight and oneDNN's blocked copy;
+            # a tied lm_head packs the embedding.
+            weights += (shape.matmul_params + (shape.lm_head_params or shape.embedding_params)) * w
+        described = f"{dtype_name} (dequantized from {'+'.join(blocks.formats)})" if blocks else ""
+    weights += shape.norm_params * a
 
     per_page = 2 * shape.num_layers * page_size * shape.num_kv_heads * shape.head_dim * a
     pages_for_context = -(-shape.max_context // page_size)
@@ -176,9 +284,51 @@ def estimate_memory(
         kv_bytes=pages * per_page,
         overhead_bytes=overhead,
         device=str(dev),
-        dtype=str(weight_dtype).removeprefix("torch."),
+        dtype=dtype_name,
         kv_adaptive=adaptive,
+        kv_grows=dev.type == "cpu",
+        weights=described,
     )
+
+
+def _quantized_weight_bytes(
+    shape: ModelShape, blocks: QuantizedWeights, device: torch.device, dtype: torch.dtype
+) -> tuple[int, str]:
+    """Bytes of the weights (norms apart) of a model whose blocks run
+    quantized, and what they are held as ("q4_1+q8_0", with the float dtype
+    of any float matrix beside them, as engine/loader.py describe_weights).
+
+    engine/loader.py keeps one copy of each quantized weight (a tied LM head
+    multiplies by the embedding's own blocks), float matrices as Linear
+    (packed a second time on the CPU where oneDNN does), and a quantized
+    product's bias in float32 on the CPU (engine.quant.QuantLinear).
+    """
+    w = dtype.itemsize
+    packs = device.type == "cpu" and cpu_packs_weights(dtype)
+    kinds = set(blocks.formats)
+    quantized_params = sum(params for _, params in blocks.matmul)
+    float_matmul = shape.matmul_params - quantized_params
+    total = sum(quantized_bytes(fmt, params) for fmt, params in blocks.matmul)
+    total += float_matmul * w * (2 if packs else 1)
+    if blocks.embedding:
+        total += quantized_bytes(blocks.embedding, shape.embedding_params)
+    else:
+        total += shape.embedding_params * w
+    if shape.lm_head_params:
+        if blocks.lm_head:
+            total += quantized_bytes(blocks.lm_head, shape.lm_head_params)
+        else:
+            total += shape.lm_head_params * w * (2 if packs else 1)
+    elif not blocks.embedding and packs:
+        total += shape.embedding_params * w  # the tied head packs the float embedding
+    bias_size = 4 if device.type == "cpu" and quantized_params else w
+    total += shape.bias_params * bias_size
+    has_float_matrix = float_matmul > 0 or (shape.lm_head_params and not blocks.lm_head) or (
+        not shape.lm_head_params and not blocks.embedding
+    )
+    if has_float_matrix:
+        kinds.add(str(dtype).removeprefix("torch."))
+    return total, "+".join(sorted(kinds))
 
 
 def cpu_packs_weights(dtype: torch.dtype) -> bool:

@@ -12,6 +12,10 @@ needs (engine/loader.py's rules, without reading the weights), and
 checks the result the same way, and only then writes the entry. A failure or
 a cancel at any point leaves no entry and no folder behind.
 
+An entry of a float checkpoint may carry a "Quantize at load" choice
+("int8" / "int4", `set_quantize`), saved with it; `engine_options` turns it
+into the Engine argument the workspace adds when it loads that model.
+
 The file is written atomically (a temporary file, fsynced, then renamed
 over the old one). A file that cannot be used is kept aside as
 `models.json.bad`, the valid entries are kept, and `load_warning` says so.
@@ -22,6 +26,7 @@ guards the entries and the file.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import mmap
@@ -40,7 +45,14 @@ from safetensors import SafetensorError, safe_open
 
 from app.errors import AppError
 from app.files import write_text_atomically
-from app.memory_estimate import MemoryEstimate, ModelShape, estimate_memory
+from app.memory_estimate import (
+    EMBEDDING_NAME,
+    LM_HEAD_NAME,
+    MemoryEstimate,
+    ModelShape,
+    QuantizedWeights,
+    estimate_memory,
+)
 from engine import default_model
 from engine.config import ModelConfig
 from engine.errors import (
@@ -49,8 +61,12 @@ from engine.errors import (
     TokenizerError,
     UnsupportedModelError,
 )
-from engine.gguf_import import discard_folder
+from engine.gguf_import import _FLOAT_TYPES as _GGUF_FLOAT_TYPES
+from engine.gguf_import import _KEPT_TYPES as _GGUF_KEPT_TYPES
+from engine.gguf_import import _QUANTIZABLE_LAYER_TENSORS, _REQUANT_TO_Q4_MAX_BITS, discard_folder
 from engine.gguf_import import import_gguf as engine_import_gguf
+from engine.loader import QUANTIZE_MODES, quantized_formats
+from engine.quant import GROUP_SIZE, fold_quantized_headers
 from engine.progress import LoadProgress, display_path, format_bytes
 from engine.tokenizer import Tokenizer
 
@@ -62,9 +78,17 @@ DEFAULT_MODEL_ID = "default"
 
 ModelKind = Literal["default", "folder", "gguf"]
 
+# "Quantize at load" choices of a float model (engine/loader.py QUANTIZE_MODES).
+QUANTIZE_CHOICES: tuple[str, ...] = tuple(QUANTIZE_MODES)
+# What estimate_memory takes when no quantize choice is passed: the entry's own.
+_ENTRY_CHOICE = "entry"
+
 # What the loader keeps of a checkpoint (engine/loader.py load_model).
 _IGNORED_TENSOR_SUFFIX = "rotary_emb.inv_freq"
 _SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
+# Block-quantized weights of folders the GGUF importer or --quantize wrote
+# (engine.quant), as fold_quantized_headers names them.
+_QUANTIZED_DTYPES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1"}
 
 
 # ---------------------------------------------------------------------------
@@ -148,6 +172,10 @@ class ModelEntry:
     kind: ModelKind
     # Imports only: the GGUF file it was imported from.
     source: Path | None = None
+    # Float checkpoints only: quantize the weights at load ("int8", "int4";
+    # engine/loader.py quantized_copy caches the result), None to run them
+    # as stored.
+    quantize: str | None = None
 
     @property
     def removable(self) -> bool:
@@ -179,6 +207,14 @@ class ModelDetails:
     source: str  # one line for people: where it comes from
     # What app.memory_estimate needs.
     shape: ModelShape = field(compare=False, repr=False)
+    # The weights the folder keeps block-quantized (empty for a float
+    # checkpoint, whose weights a "Quantize at load" choice may quantize).
+    stored: QuantizedWeights = field(default=QuantizedWeights(), compare=False, repr=False)
+
+    @property
+    def quantized(self) -> bool:
+        """Whether the weights are stored quantized already (an imported GGUF file)."""
+        return bool(self.stored)
 
 
 # ---------------------------------------------------------------------------
@@ -191,6 +227,23 @@ class FolderCheck:
     raw_config: dict[str, Any]
     parameters: int
     dtypes: tuple[str, ...]  # the weights' stored dtypes, most common first
+    stored: QuantizedWeights  # which weights are block-quantized (empty: none)
+
+    def storage_label(self, origin: str = "") -> str:
+        """How the weights are stored, for the details: "float32", or
+        "q4_1 + q8_0 blocks (from a Q4_1 GGUF)" for a folder that keeps them
+        quantized (`origin` names where they came from), with the GGUF types
+        the importer requantized."""
+        if not self.stored:
+            return ", ".join(self.dtypes) or "unknown"
+        notes = [origin] if origin else []
+        section = self.raw_config.get("quantization")
+        if isinstance(section, dict):
+            requantized = section.get("requantized")
+            if isinstance(requantized, dict) and requantized:
+                notes.append(", ".join(f"{src} requantized to {dst}" for src, dst in requantized.items()))
+        label = f"{' + '.join(self.stored.formats)} blocks"
+        return label + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def check_model_folder(folder: str | Path) -> FolderCheck:
@@ -250,11 +303,14 @@ def _folder_check(
     config: ModelConfig, raw_config: dict[str, Any], headers: dict[str, tuple[tuple[int, ...], str]]
 ) -> FolderCheck:
     dtypes = Counter(dtype for _, dtype in headers.values())
+    formats = {name: _QUANTIZED_DTYPES[dtype] for name, (_, dtype) in headers.items() if dtype in _QUANTIZED_DTYPES}
+    shapes = {name: shape for name, (shape, _) in headers.items() if name in formats and len(shape) == 2}
     return FolderCheck(
         config=config,
         raw_config=raw_config,
         parameters=sum(_numel(shape) for shape, _ in headers.values()),
-        dtypes=tuple(_SAFETENSORS_DTYPES.get(d, d) for d, _ in dtypes.most_common()),
+        dtypes=tuple(_SAFETENSORS_DTYPES.get(d) or _QUANTIZED_DTYPES.get(d, d) for d, _ in dtypes.most_common()),
+        stored=QuantizedWeights.from_formats(formats, shapes),  # type: ignore[arg-type]
     )
 
 
@@ -311,7 +367,7 @@ def _read_safetensors_headers(folder: Path) -> dict[str, tuple[tuple[int, ...], 
         try:
             with safe_open(str(path), framework="pt", device="cpu") as handle:
                 for name in handle.keys():
-                    if not (name.startswith("model.") or name == "lm_head.weight"):
+                    if not name.startswith(("model.", "lm_head.weight")):
                         continue
                     if name in headers:
                         raise CorruptWeightsError(
@@ -324,7 +380,11 @@ def _read_safetensors_headers(folder: Path) -> dict[str, tuple[tuple[int, ...], 
                 f"{path} is not a readable safetensors file ({exc}). It is probably truncated or "
                 "damaged; download it again."
             ) from exc
-    return headers
+    try:
+        formats = quantized_formats(folder)
+    except ModelLoadError as exc:
+        raise ModelNotSupportedError(str(exc)) from exc
+    return fold_quantized_headers(headers, formats)
 
 
 def _expected_tensors(c: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -387,7 +447,7 @@ def _check_tensors(
             f"{', ...' if len(leftovers) > 3 else ''}). It may be quantized (GPTQ, AWQ) or of "
             "another architecture; Tandem runs unquantized safetensors or GGUF files."
         )
-    odd = sorted({dtype for _, dtype in headers.values()} - set(_SAFETENSORS_DTYPES))
+    odd = sorted({dtype for _, dtype in headers.values()} - set(_SAFETENSORS_DTYPES) - set(_QUANTIZED_DTYPES))
     if odd:
         raise ModelNotSupportedError(
             f"{folder} stores weights as {', '.join(odd)}; Tandem loads float32, float16 and "
@@ -428,6 +488,29 @@ class GGUFSummary:
                 counts[kind] += _numel(dims)
         return counts.most_common(1)[0][0] if counts else "unknown"
 
+    def kept_formats(self) -> QuantizedWeights:
+        """The weights engine/gguf_import.py keeps block-quantized when it
+        imports this file (its `_plan_tensors` / `_kept_format` rules)."""
+        formats: dict[str, str] = {}
+        shapes: dict[str, tuple[int, int]] = {}
+        for name, (dims, kind) in self.tensors.items():
+            if name == "token_embd.weight":
+                hf_name = EMBEDDING_NAME
+            elif name == "output.weight":
+                hf_name = LM_HEAD_NAME
+            else:
+                match = re.fullmatch(r"blk\.\d+\.(\w+)\.weight", name)
+                if match is None or match[1] not in _QUANTIZABLE_LAYER_TENSORS:
+                    continue
+                hf_name = name
+            fmt = _gguf_kept_format(kind)
+            # GGUF dims run innermost first: dims[0] is a row's length.
+            if fmt is None or len(dims) != 2 or dims[0] % GROUP_SIZE:
+                continue
+            formats[hf_name] = fmt
+            shapes[hf_name] = (dims[1], dims[0])
+        return QuantizedWeights.from_formats(formats, shapes)
+
     def shape(self) -> ModelShape:
         """The memory-relevant shape of the model this file imports into."""
         matmul = embedding = lm_head = norms = biases = 0
@@ -459,6 +542,25 @@ class GGUFSummary:
             head_dim=int(self.arch_value("attention.key_length", hidden // max(1, heads))),
             max_context=int(self.arch_value("context_length", 2048)),
         )
+
+
+def _gguf_kept_format(type_name: str) -> str | None:
+    """engine/gguf_import.py `_kept_format` by GGUF type name: the engine.quant
+    format a quantizable matrix of that type is stored in, None for float."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        kind = GGMLQuantizationType[type_name]
+    except KeyError:
+        return None
+    if kind in _GGUF_FLOAT_TYPES or kind == GGMLQuantizationType.BF16:
+        return None
+    if kind in _GGUF_KEPT_TYPES:
+        return _GGUF_KEPT_TYPES[kind]
+    if kind not in GGML_QUANT_SIZES:
+        return None
+    block, size = GGML_QUANT_SIZES[kind]
+    return "q4_1" if size * 8 / block <= _REQUANT_TO_Q4_MAX_BITS else "q8_0"
 
 
 _GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -666,17 +768,20 @@ class ModelRegistry:
         check = describe_model_folder(entry.path)
         if entry.kind == "gguf":
             source = f"Imported from {display_path(entry.source)}" if entry.source else "Imported from a GGUF file"
+            origin = "from a GGUF file"
         else:
             source = f"Model folder {display_path(entry.path)}"
+            origin = ""
         return ModelDetails(
             architecture=_architecture_label(check.raw_config, check.config.model_type),
             parameters=check.parameters,
             context_length=check.config.max_position_embeddings,
-            dtype=", ".join(check.dtypes) or "unknown",
+            dtype=check.storage_label(origin),
             size_on_disk_bytes=_size_on_disk(entry.path),
             path=entry.path,
             source=source,
             shape=ModelShape.from_config(check.config),
+            stored=check.stored,
         )
 
     def estimate_memory(
@@ -686,13 +791,74 @@ class ModelRegistry:
         dtype: str = "auto",
         kv_cache_mb: int | None = None,
         page_size: int = 16,
+        quantize: str | None = _ENTRY_CHOICE,
+        quantized: str = "auto",
     ) -> MemoryEstimate:
-        """What loading this model with these engine settings will take (see app.memory_estimate)."""
-        shape = self.details(model_id).shape
+        """What loading this model with these engine settings will take (see
+        app.memory_estimate), quantized at load as the entry's choice says
+        unless `quantize` says otherwise (None: as stored)."""
+        details = self.details(model_id)
+        if quantize == _ENTRY_CHOICE:
+            quantize = self.get(model_id).quantize
         try:
-            return estimate_memory(shape, device, dtype, kv_cache_mb, page_size)
+            return estimate_memory(
+                details.shape, device, dtype, kv_cache_mb, page_size,
+                stored=details.stored, quantize=quantize, quantized=quantized,
+            )
         except ModelLoadError as exc:
             raise ModelError(str(exc)) from exc
+
+    def engine_options(self, model_id: str) -> dict[str, Any]:
+        """Engine(...) arguments this model's entry adds to the settings' ones:
+        {"quantize": "int4"} when it is quantized at load. {} for an id the
+        registry does not know (a folder given on the command line)."""
+        try:
+            entry = self.get(model_id)
+        except UnknownModelError:
+            return {}
+        return {"quantize": entry.quantize} if entry.quantize else {}
+
+    # -- quantizing at load ------------------------------------------------------
+
+    def set_quantize(self, model_id: str, mode: str | None) -> ModelEntry:
+        """Quantize this float model at load ("int8", "int4") or run it as
+        stored (None), from its next load on; saved in models.json.
+
+        Raises ModelError for an unknown mode, the built-in model or a folder
+        that is stored quantized already (nothing to quantize), and
+        ModelStorageError when models.json cannot be written (nothing changes).
+        """
+        if mode is not None and mode not in QUANTIZE_CHOICES:
+            raise ModelError(f"Unknown quantization '{mode}': choose {', '.join(QUANTIZE_CHOICES)} or none.")
+        if model_id == DEFAULT_MODEL_ID:
+            raise DefaultModelError(
+                f"{default_model.DEFAULT_MODEL_NAME} is stored quantized already; it has no quantize choice."
+            )
+        self.reload()
+        with self._lock:
+            entry = self.get(model_id)
+            if entry.quantize == mode:
+                return entry
+            if mode is not None and entry.path is not None and entry.path.is_dir():
+                try:
+                    stored = sorted(set(quantized_formats(entry.path).values()))
+                except ModelLoadError as exc:
+                    raise ModelNotSupportedError(str(exc)) from exc
+                if stored:
+                    raise ModelError(
+                        f"“{entry.name}” is stored as {' + '.join(stored)} blocks already and runs "
+                        "quantized; there is nothing to quantize at load."
+                    )
+            index = self._entries.index(entry)
+            changed = dataclasses.replace(entry, quantize=mode)
+            self._entries[index] = changed
+            try:
+                self._save()
+            except ModelStorageError:
+                self._entries[index] = entry
+                raise
+        log.info("model %s: quantize at load = %s", model_id, mode)
+        return changed
 
     # -- adding ----------------------------------------------------------------
 
@@ -884,15 +1050,24 @@ class ModelRegistry:
             raise ValueError(f"bad id {model_id!r}")
         if not isinstance(name, str) or not name:
             raise ValueError(f"bad name {name!r}")
+        quantize = item.get("quantize")
+        if quantize is not None and quantize not in QUANTIZE_CHOICES:
+            # A choice this Tandem does not know (a newer one wrote it): the
+            # model itself is still usable, as stored.
+            log.warning("model %s: ignoring the unknown quantize choice %r", model_id, quantize)
+            quantize = None
         if kind == "folder":
             path = Path(item["path"])
             if not path.is_absolute():
                 raise ValueError(f"the folder {item['path']!r} is not an absolute path")
-            return ModelEntry(model_id, name, path, "folder")
+            return ModelEntry(model_id, name, path, "folder", quantize=quantize)
         if kind == "gguf":
             source = item.get("source")
             # Stored by id, so the data folder can move.
-            return ModelEntry(model_id, name, self.imports_dir / model_id, "gguf", Path(source) if isinstance(source, str) else None)
+            return ModelEntry(
+                model_id, name, self.imports_dir / model_id, "gguf",
+                Path(source) if isinstance(source, str) else None, quantize,
+            )
         raise ValueError(f"unknown kind {kind!r}")
 
     def _bad_file(self, why: str, kept_entries: list[ModelEntry], report: bool) -> None:
@@ -942,6 +1117,8 @@ class ModelRegistry:
             out["path"] = str(entry.path)
         if entry.source is not None:
             out["source"] = str(entry.source)
+        if entry.quantize is not None:
+            out["quantize"] = entry.quantize
         return out
 
     # -- helpers ---------------------------------------------------------------
@@ -1006,11 +1183,16 @@ class ModelRegistry:
                 pass  # a stale or damaged import: the engine redoes it on first use
             else:
                 imported_size = _size_on_disk(imported)
+                imported_from = f"from a {summary.main_type} GGUF"
                 return ModelDetails(
                     architecture=_architecture_label(check.raw_config, check.config.model_type),
                     parameters=check.parameters,
                     context_length=check.config.max_position_embeddings,
-                    dtype=f"{', '.join(check.dtypes)} (imported from {summary.main_type})",
+                    dtype=(
+                        check.storage_label(imported_from) if check.stored
+                        # an import by an older Tandem, dequantized
+                        else f"{', '.join(check.dtypes)} (imported from {summary.main_type})"
+                    ),
                     size_on_disk_bytes=gguf_size + imported_size,
                     path=imported,
                     source=(
@@ -1018,6 +1200,7 @@ class ModelRegistry:
                         f"imported once ({format_bytes(imported_size)})"
                     ),
                     shape=ModelShape.from_config(check.config),
+                    stored=check.stored,
                 )
         return ModelDetails(
             architecture=summary.architecture,
@@ -1028,6 +1211,7 @@ class ModelRegistry:
             path=None,
             source=f"Built in: {gguf_path.name}; imported on first use",
             shape=summary.shape(),
+            stored=summary.kept_formats(),
         )
 
     def _default_gguf_summary(self, gguf_path: Path) -> GGUFSummary:

@@ -20,12 +20,12 @@ import asyncio
 import itertools
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from engine.engine import Engine
-from engine.errors import EngineError, LoadCancelled
+from engine.errors import EngineError, LoadCancelled, ModelLoadError
 from engine.sampling import SamplingParams
 
 from app.conversation import Conversation, MessageState, ReplyStats
@@ -111,6 +111,9 @@ class ModelSlot:
     progress: LoadProgress | None = None
     error: str | None = None
     cancel: threading.Event | None = field(default=None, repr=False)
+    # The per-model Engine arguments it was loaded with ({"quantize": "int4"}):
+    # a choice changed since applies at the next load.
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -189,18 +192,24 @@ class Workspace:
         *,
         engine: Engine | None = None,
         resolve_model: Callable[[str], str] | None = None,
+        model_options: Callable[[str], Mapping[str, Any]] | None = None,
     ) -> None:
         """`engine`: an engine that is already loaded (tests, scripts), serving
         the settings' model; otherwise call `load_engine` / `load_model`.
         `resolve_model(model_id)` turns a pane's model id into what
         `Engine(model=...)` takes (the model registry's `engine_model`); by
-        default the id is that already ("default", a folder or a .gguf file)."""
+        default the id is that already ("default", a folder or a .gguf file).
+        `model_options(model_id)`: Engine arguments of that model alone, on
+        top of the settings' (the registry's `engine_options`: its "Quantize
+        at load" choice); read at every load, so a changed choice applies at
+        the model's next load."""
         self.settings = settings if settings is not None else Settings()
         self.panes: list[Pane] = []
         self.slots: dict[str, ModelSlot] = {}
         if engine is not None:
             self.slots[self.settings.model] = ModelSlot(self.settings.model, "ready", engine)
         self._resolve_model = resolve_model if resolve_model is not None else (lambda model_id: model_id)
+        self._model_options = model_options if model_options is not None else (lambda model_id: {})
         self._closed = False
         self._listeners: list[Listener] = []
         self._pane_ids = itertools.count(1)
@@ -756,13 +765,15 @@ class Workspace:
         kwargs = self.settings.engine_kwargs()
         try:
             kwargs["model"] = self._resolve_model(model_id)
+            slot.options = dict(self._model_options(model_id))
+            kwargs.update(slot.options)
             engine = await _in_thread(
                 loop, lambda: Engine(**kwargs, on_progress=on_progress, cancel=cancel), "tandem-load"
             )
         except LoadCancelled:
             return False
         except (EngineError, AppError, OSError) as exc:
-            self._load_failed(slot, str(exc))
+            self._load_failed(slot, _load_error_text(exc, slot.options))
             return False
         except Exception as exc:  # an unexpected failure is still shown, not swallowed
             log.exception("loading the model failed")
@@ -875,6 +886,20 @@ class Workspace:
         if self._closing:
             await asyncio.wait(list(self._closing), timeout=SHUTDOWN_TIMEOUT_S)
         self._emit(EngineStateChanged("closed", None, None, self.default_model))
+
+
+def _load_error_text(exc: BaseException, options: Mapping[str, Any]) -> str:
+    """Why a load failed, for the pane; a failure while quantizing at load
+    says so and how to load the model as stored instead."""
+    mode = options.get("quantize")
+    # OSError: writing the quantized copy (a full disk, a read-only data folder).
+    if mode and isinstance(exc, (ModelLoadError, OSError)):
+        reason = str(exc).rstrip(".")
+        return (
+            f"Loading the model quantized to {mode} failed: {reason}. To load it as stored, set "
+            "“Quantize at load” to Off in Models › Manage models."
+        )
+    return str(exc)
 
 
 def _post(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:

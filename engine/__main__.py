@@ -148,6 +148,19 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
         "bf16 (AVX512-BF16 or AMX), float32 elsewhere (default: %(default)s)",
     )
     g.add_argument(
+        "--quantize", default=None, choices=["int8", "int4"],
+        help="keep a float checkpoint's weights quantized (8-bit or 4-bit groups, run by "
+        "weight-only quantized kernels): less memory and faster one-sequence decoding; quantized "
+        "once and cached; GGUF files keep their own quantization (default: none, run as stored)",
+    )
+    g.add_argument(
+        "--quantized", default="auto", choices=["auto", "kernel", "dequantize"],
+        help="how block-quantized weights (GGUF imports, --quantize) run: kernel keeps them "
+        "quantized in memory, dequantize expands them to --dtype at load (what the GGUF file "
+        "means exactly, at float memory and speed); auto runs the kernels where this machine "
+        "has them (default: %(default)s)",
+    )
+    g.add_argument(
         "--threads", type=_int_at_least(1), default=None, metavar="N",
         help="a fixed number of CPU threads for the model's math (default: the engine's CPU "
         "thread policy, which measures as it runs whether all cores or one fewer is faster, "
@@ -405,6 +418,10 @@ def open_engine(args: argparse.Namespace) -> Any:
     options: dict[str, Any] = {}
     if args.deterministic is not None:
         options["deterministic"] = args.deterministic
+    if getattr(args, "quantize", None) is not None:
+        options["quantize"] = args.quantize
+    if getattr(args, "quantized", "auto") != "auto":
+        options["quantized"] = args.quantized
     progress = ProgressPrinter(sys.stderr)
     try:
         return Engine(

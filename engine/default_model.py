@@ -15,7 +15,6 @@ from pathlib import Path
 import platformdirs
 
 from engine.errors import ModelLoadError
-from engine.gguf_import import import_gguf
 from engine.progress import LoadReporter, ProgressCallback
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -67,6 +66,9 @@ def resolve_model(
     "import" progress to `on_progress` and stops with LoadCancelled once
     `cancel` is set.
     """
+    # Imported here: data_dir() and models_dir() serve torch-free tools (tandem chats).
+    from engine.gguf_import import import_gguf
+
     if isinstance(spec, str) and spec == "default":
         return import_gguf(
             default_gguf_path(), models_dir() / DEFAULT_MODEL_NAME,

@@ -35,6 +35,7 @@ from typing import Any, Union
 
 import torch
 
+from engine.attention import KVCache
 from engine.batch import AsyncBatch, Batch
 from engine.cache import PagePool
 from engine.config import ModelConfig
@@ -42,7 +43,7 @@ from engine.cpu_threads import thread_policy
 from engine.default_model import resolve_model
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import EngineClosedError, EngineError, PromptError
-from engine.loader import load_model, resolve_device, resolve_dtype
+from engine.loader import describe_weights, load_model, quantized_formats, resolve_device, resolve_dtype
 from engine.progress import LoadReporter, ProgressCallback
 from engine.kernel_runner import make_cuda_runner
 from engine.memory import cuda_kv_cache_bytes
@@ -77,8 +78,15 @@ class EngineStats:
     waiting: int
     recent_ttft_s: tuple[float, ...]  # time to first token of recent requests
     device: str  # "cpu", "cuda:0"
-    dtype: str  # the weights' dtype: "bfloat16", "float16", "float32"
+    dtype: str  # the products' input dtype: "bfloat16", "float16", "float32"
     max_context: int  # tokens the model's context holds
+    # The KV pool's size, and how much of it holds memory: on the CPU pages
+    # are committed as they are first used, on CUDA all at start.
+    kv_bytes_total: int
+    kv_bytes_committed: int
+    # How the weights are held: "q4_1+q8_0 (kernel)" (run quantized),
+    # "float32 (dequantized from q4_1+q8_0)", "bfloat16".
+    weights: str
 
 
 @dataclass(slots=True)
@@ -134,6 +142,10 @@ class Engine:
     constructor runs ("import", "weights", "warmup", "ready", in that order);
     setting `cancel` makes the constructor raise LoadCancelled (an import in
     progress leaves nothing behind).
+
+    `quantize` ("int8", "int4") keeps a float checkpoint's weights quantized
+    and `quantized` ("auto", "kernel", "dequantize") says how quantized
+    weights run: see engine.loader.
     """
 
     def __init__(
@@ -150,6 +162,8 @@ class Engine:
         enable_prefix_cache: bool = True,
         threads: int | None = None,
         deterministic: bool | None = None,
+        quantize: str | None = None,
+        quantized: str = "auto",
         on_progress: ProgressCallback | None = None,
         cancel: threading.Event | None = None,
     ) -> None:
@@ -166,7 +180,7 @@ class Engine:
             args=(
                 model, device, dtype, page_size, kv_pages, kv_cache_bytes,
                 max_batch_tokens, max_running, enable_prefix_cache, threads,
-                deterministic,
+                deterministic, quantize, quantized,
             ),
             name="tandem-engine",
             daemon=True,
@@ -602,6 +616,9 @@ class _EngineCore:
             device=str(self.device),
             dtype=str(self.dtype).removeprefix("torch."),
             max_context=self.max_context,
+            kv_bytes_total=self.kv_cache.total_bytes,
+            kv_bytes_committed=self.kv_cache.committed_bytes,
+            weights=self.weights,
         )
 
     # -- the engine thread ---------------------------------------------------
@@ -636,6 +653,8 @@ class _EngineCore:
         enable_prefix_cache: bool,
         threads: int | None,
         deterministic: bool | None,
+        quantize: str | None,
+        quantized: str,
     ) -> None:
         reporter = self.reporter
         folder = resolve_model(model, on_progress=reporter)
@@ -648,14 +667,27 @@ class _EngineCore:
         dev = resolve_device(device)
         self.deterministic = DETERMINISTIC_DEFAULT if deterministic is None else bool(deterministic)
         self.thread_policy = thread_policy(dev, threads, self.deterministic)
-        self.model = load_model(folder, dev, resolve_dtype(dtype, dev), on_progress=reporter)
+        self.model = load_model(
+            folder, dev, resolve_dtype(dtype, dev), on_progress=reporter,
+            quantized=quantized, quantize=quantize,
+        )
+        self.weights = describe_weights(self.model, quantized_formats(folder))
         self.config = self.model.config
         self.device = self.model.device
         self.dtype = self.model.dtype
         if kv_pages is None:
             kv_pages = self._default_kv_pages(page_size, kv_cache_bytes)
         self.pool = PagePool(kv_pages, page_size, enable_prefix_cache=enable_prefix_cache)
-        self.kv_cache = self.model.new_kv_cache(kv_pages, page_size)
+        if self.device.type == "cuda":
+            self.kv_cache = self.model.new_kv_cache(kv_pages, page_size)
+        else:
+            # Memory for pages only as chats first reach them: an idle or
+            # lightly used engine holds a sliver of its pool.
+            c = self.config
+            self.kv_cache = KVCache(
+                c.num_hidden_layers, kv_pages, page_size, c.num_key_value_heads, c.head_dim,
+                self.model.act_dtype, self.device, commit_on_use=True,
+            )
         if self.device.type == "cuda":
             # Triton kernels and CUDA graphs where triton is installed (engine/kernel_runner.py).
             self.runner = make_cuda_runner(
@@ -679,8 +711,7 @@ class _EngineCore:
         device_name = "CUDA GPU" if self.device.type == "cuda" else "CPU"
         reporter.report(
             "ready", 1, 1,
-            f"{folder.name} is ready on the {device_name} "
-            f"({str(self.dtype).removeprefix('torch.')})",
+            f"{folder.name} is ready on the {device_name}; weights: {self.weights}",
         )
 
     def _default_kv_pages(self, page_size: int, kv_cache_bytes: int | None) -> int:

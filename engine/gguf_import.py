@@ -4,10 +4,14 @@ The engine loads one format: a folder with config.json, model.safetensors,
 tokenizer.json and tokenizer_config.json. A GGUF file (llama.cpp's format) is
 turned into such a folder by `import_gguf`:
 
-- Every tensor is dequantized to float32 (F16 and BF16 are upcast too). A
-  quantized weight has no exact representation in any other dtype, and one
-  dtype throughout keeps the loader simple; the folder is a cache the loader
-  may cast from.
+- Quantized matrices stay quantized (engine.quant): Q8_0, Q4_0 and Q4_1
+  blocks are copied as they are (the folder is about the GGUF file's size),
+  other quantized types are requantized to the nearest kept format (Q4_K and
+  anything of at most 4.5 bits per weight to q4_1, 5-bit, 6-bit and 8-bit
+  types to q8_0), which config.json's "quantization" section records with
+  the format of every kept tensor. Embeddings stay quantized too, as in
+  llama.cpp: the loader dequantizes the rows it looks up. Norms, biases and
+  float matrices (F16, BF16, F32) are stored as float32.
 - Tensors get their Hugging Face names, and llama.cpp's reordering of the
   q/k rows for its RoPE kernel is undone, so the folder matches the original
   checkpoint layout.
@@ -37,16 +41,41 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, ReaderTensor, TokenType
+from gguf import (
+    GGML_QUANT_SIZES,
+    GGMLQuantizationType,
+    GGUFReader,
+    GGUFValueType,
+    ReaderTensor,
+    TokenType,
+)
 from gguf.quants import dequantize
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+from tokenizers import (
+    AddedToken,
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+)
 
 from engine.errors import ModelLoadError, TokenizerError, UnsupportedModelError
-from engine.progress import LoadReporter, ProgressCallback, as_reporter, display_path, format_bytes
+from engine.progress import (
+    LoadReporter,
+    ProgressCallback,
+    as_reporter,
+    display_path,
+    format_bytes,
+)
+from engine.quant import FOLDER_FORMAT_VERSION, GROUP_SIZE, quantize
 
 # Bump whenever the folder written for the same GGUF file changes, so that
 # existing imports are redone.
-IMPORTER_VERSION = 1
+# 2: quantized tensors kept quantized (version 1 folders held float32 only
+# and load still; they are replaced on the next import of their file).
+IMPORTER_VERSION = 2
 MARKER_NAME = "tandem-import.json"
 
 _PARTIAL_INFIX = ".partial-"
@@ -165,6 +194,18 @@ _LAYER_TENSORS = {
 _REQUIRED_LAYER_TENSORS = tuple(f"{name}.weight" for name in _LAYER_TENSORS)
 _LAYER_TENSOR_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 _FLOAT_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.F64)
+# GGUF block types whose blocks are our formats byte for byte.
+_KEPT_TYPES = {
+    GGMLQuantizationType.Q8_0: "q8_0",
+    GGMLQuantizationType.Q4_0: "q4_0",
+    GGMLQuantizationType.Q4_1: "q4_1",
+}
+# Quantized types of at most this many bits per weight are requantized to
+# q4_1 (4 bits plus a scale and min per 32), the others to q8_0: the nearest
+# kept format that loses no more than the source did.
+_REQUANT_TO_Q4_MAX_BITS = 4.5
+# Matrices kept quantized: the products' weights and the embedding table.
+_QUANTIZABLE_LAYER_TENSORS = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,17 +215,69 @@ class _PlannedTensor:
     shape: tuple[int, ...]
     # Undo llama.cpp's RoPE row permutation over this many heads.
     rope_heads: int | None = None
+    # The engine.quant format the tensor is stored in; None: float32.
+    quantized: str | None = None
+
+    def entries(self) -> list[tuple[str, str, tuple[int, ...]]]:
+        """(safetensors name, dtype, shape) of what the folder stores for it."""
+        if self.quantized is None:
+            return [(self.hf_name, "F32", self.shape)]
+        rows, cols = self.shape
+        groups = (rows, cols // GROUP_SIZE)
+        out = [
+            (f"{self.hf_name}.qdata", "I8", (rows, cols))
+            if self.quantized == "q8_0"
+            else (f"{self.hf_name}.qdata", "U8", (rows, cols // 2)),
+            (f"{self.hf_name}.scales", "F16", groups),
+        ]
+        if self.quantized == "q4_1":
+            out.append((f"{self.hf_name}.mins", "F16", groups))
+        return out
 
     @property
     def nbytes(self) -> int:
-        """Size once dequantized to float32, as the folder stores it."""
-        return 4 * int(np.prod(self.shape, dtype=np.int64))
+        """Size as the folder stores it."""
+        return sum(_DTYPE_SIZES[dtype] * int(np.prod(shape, dtype=np.int64)) for _, dtype, shape in self.entries())
 
-    def load(self) -> np.ndarray:
-        array = _dequantize(self.source).reshape(self.shape)
+    def load(self) -> list[np.ndarray]:
+        """The arrays of `entries()`, in that order."""
+        if self.quantized is None:
+            arrays = [_dequantize(self.source).reshape(self.shape)]
+        elif self.source.tensor_type in _KEPT_TYPES:
+            arrays = _split_blocks(self.source, self.shape)
+        else:
+            requantized = quantize(_dequantize(self.source).reshape(self.shape), self.quantized)
+            arrays = [requantized.data.numpy(), requantized.scales.numpy()]
+            if requantized.mins is not None:
+                arrays.append(requantized.mins.numpy())
         if self.rope_heads is not None:
-            array = _unpermute_rope_rows(array, self.rope_heads)
-        return array
+            arrays = [_unpermute_rope_rows(array, self.rope_heads) for array in arrays]
+        return arrays
+
+
+def _split_blocks(tensor: ReaderTensor, shape: tuple[int, ...]) -> list[np.ndarray]:
+    """A Q8_0 / Q4_0 / Q4_1 tensor's blocks as (qdata, scales[, mins]) arrays."""
+    rows, cols = shape
+    fmt = _KEPT_TYPES[tensor.tensor_type]
+    blocks = np.asarray(tensor.data, dtype=np.uint8).reshape(rows, cols // GROUP_SIZE, -1)
+    scales = np.ascontiguousarray(blocks[..., 0:2]).view("<f2").reshape(rows, -1)
+    if fmt == "q8_0":
+        return [np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(rows, cols), scales]
+    if fmt == "q4_0":
+        return [np.ascontiguousarray(blocks[..., 2:]).reshape(rows, cols // 2), scales]
+    mins = np.ascontiguousarray(blocks[..., 2:4]).view("<f2").reshape(rows, -1)
+    return [np.ascontiguousarray(blocks[..., 4:]).reshape(rows, cols // 2), scales, mins]
+
+
+def _kept_format(tensor: ReaderTensor) -> str | None:
+    """The format a quantizable matrix is stored in, None to store float32."""
+    if tensor.tensor_type in _FLOAT_TYPES or tensor.tensor_type == GGMLQuantizationType.BF16:
+        return None
+    kept = _KEPT_TYPES.get(tensor.tensor_type)
+    if kept is not None:
+        return kept
+    block, size = GGML_QUANT_SIZES[tensor.tensor_type]
+    return "q4_1" if size * 8 / block <= _REQUANT_TO_Q4_MAX_BITS else "q8_0"
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +348,9 @@ def _read_checkpoint(source: Path) -> _Checkpoint:
     tensors = {tensor.name: tensor for tensor in reader.tensors}
     config = _model_config(meta, arch_name, arch, tensors)
     planned = _plan_tensors(source, tensors, config, arch)
+    quantization = _quantization_section(planned)
+    if quantization is not None:
+        config["quantization"] = quantization
     tokenizer, tokenizer_config = _build_tokenizer(meta)
     tokenizer_config["model_max_length"] = config["max_position_embeddings"]
     generation_config = {
@@ -472,6 +568,7 @@ def _plan_tensors(
                 (hidden,) if name == "output_norm.weight" else (config["vocab_size"], hidden)
             )
             heads = None
+            quantizable = name != "output_norm.weight"
         else:
             match = _LAYER_TENSOR_RE.fullmatch(name)
             if match is None or match[2] not in _LAYER_TENSORS or int(match[1]) >= n_layers:
@@ -483,6 +580,7 @@ def _plan_tensors(
             hf_name = f"model.layers.{layer}.{_LAYER_TENSORS[kind]}.{suffix}"
             expected = matrix_shapes[kind] if suffix == "weight" else matrix_shapes[kind][:1]
             heads = rope_heads.get(kind) if arch.permutes_qk else None
+            quantizable = kind in _QUANTIZABLE_LAYER_TENSORS and suffix == "weight"
         shape = tuple(int(dim) for dim in reversed(tensor.shape.tolist()))
         if shape != expected:
             raise ModelLoadError(
@@ -490,7 +588,8 @@ def _plan_tensors(
                 f"{expected}. The file is corrupt or inconsistent."
             )
         _check_tensor_type(source, tensor)
-        planned.append(_PlannedTensor(hf_name, tensor, shape, heads))
+        kept = _kept_format(tensor) if quantizable and shape[-1] % GROUP_SIZE == 0 else None
+        planned.append(_PlannedTensor(hf_name, tensor, shape, heads, kept))
 
     names = set(tensors)
     missing = [name for name in ("token_embd.weight", "output_norm.weight") if name not in names]
@@ -506,6 +605,27 @@ def _plan_tensors(
             f"{', ...' if len(missing) > 5 else ''}); the file is incomplete."
         )
     return planned
+
+
+def _quantization_section(planned: list[_PlannedTensor]) -> dict[str, Any] | None:
+    """config.json's record of the kept formats (read by engine.loader)."""
+    kept = {t.hf_name: t.quantized for t in planned if t.quantized is not None}
+    if not kept:
+        return None
+    requantized = {
+        t.source.tensor_type.name: t.quantized
+        for t in planned
+        if t.quantized is not None and t.source.tensor_type not in _KEPT_TYPES
+    }
+    return {
+        "method": "tandem-blocks",
+        "version": FOLDER_FORMAT_VERSION,
+        "group_size": GROUP_SIZE,
+        "source": "gguf",
+        # GGUF type -> the format it was requantized to (the model's details show it).
+        "requantized": dict(sorted(requantized.items())),
+        "tensors": kept,
+    }
 
 
 def _check_tensor_type(source: Path, tensor: ReaderTensor) -> None:
@@ -773,22 +893,19 @@ def _merges_from_scores(
 def _write_safetensors(
     path: Path, tensors: list[_PlannedTensor], written: Callable[[int], None] | None = None
 ) -> None:
-    """Stream the tensors into a safetensors file, dequantizing one at a time.
+    """Stream the tensors into a safetensors file, converting one at a time.
 
     The header needs only shapes, so it is written first and at most one
-    dequantized tensor is in memory at any time. `written(bytes_so_far)` is
+    converted tensor is in memory at any time. `written(bytes_so_far)` is
     called after each tensor (it may raise to stop the import).
     """
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for tensor in tensors:
-        size = tensor.nbytes
-        header[tensor.hf_name] = {
-            "dtype": "F32",
-            "shape": list(tensor.shape),
-            "data_offsets": [offset, offset + size],
-        }
-        offset += size
+        for name, dtype, shape in tensor.entries():
+            size = _DTYPE_SIZES[dtype] * int(np.prod(shape, dtype=np.int64))
+            header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + size]}
+            offset += size
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)  # the data section starts 8-byte aligned
     with path.open("wb") as file:
@@ -796,13 +913,19 @@ def _write_safetensors(
         file.write(encoded)
         done = 0
         for tensor in tensors:
-            array = np.ascontiguousarray(tensor.load(), dtype="<f4")
-            file.write(memoryview(array).cast("B"))
-            done += array.nbytes
+            for (_, dtype, shape), array in zip(tensor.entries(), tensor.load(), strict=True):
+                array = np.ascontiguousarray(array, dtype=_NUMPY_DTYPES[dtype])
+                assert array.shape == shape, (tensor.hf_name, array.shape, shape)
+                file.write(memoryview(array.reshape(-1)).cast("B"))
+                done += array.nbytes
             if written is not None:
                 written(done)
         file.flush()
         os.fsync(file.fileno())
+
+
+_DTYPE_SIZES = {"F32": 4, "F16": 2, "I8": 1, "U8": 1}
+_NUMPY_DTYPES = {"F32": "<f4", "F16": "<f2", "I8": "i1", "U8": "u1"}
 
 
 def _write_json(path: Path, value: Any) -> None:

@@ -22,9 +22,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.attention import AttentionMetadata, KVCache, paged_attention
+from engine import native
+from engine.attention import AttentionMetadata, KVCache, paged_attention, prefill_attention
 from engine.config import ModelConfig, rope_inverse_frequencies
 from engine.linear import Linear
+from engine.quant import DEQUANTIZE_ROWS, ConcatLinear, QuantizedTensor, QuantLinear, dequantize_fast, take_rows
+
+# Anything with __call__(x) and tiled(x, rows): engine.linear.Linear, or the
+# weight-only quantized layers of engine.quant.
+Product = Linear | QuantLinear | ConcatLinear
 
 # Rows per weight-product tile in batch-invariant mode. 16 covers a typical
 # decode batch in one tile (so B=16 pays nothing); a single sequence pays for
@@ -35,28 +41,38 @@ ROW_TILE = 16
 @dataclass(slots=True)
 class LayerWeights:
     input_norm: torch.Tensor
-    qkv: Linear  # [(Hq + 2*Hkv) * D, hidden]
-    o: Linear
+    qkv: Product  # [(Hq + 2*Hkv) * D, hidden]
+    o: Product
     post_norm: torch.Tensor
-    gate_up: Linear  # [2 * intermediate, hidden]
-    down: Linear
+    gate_up: Product  # [2 * intermediate, hidden]
+    down: Product
 
 
 class LlamaModel:
     def __init__(
         self,
         config: ModelConfig,
-        embed: torch.Tensor,
+        embed: torch.Tensor | QuantizedTensor,
         layers: list[LayerWeights],
         norm: torch.Tensor,
-        lm_head: Linear,
+        lm_head: Product,
+        *,
+        dtype: torch.dtype | None = None,
     ) -> None:
         self.config = config
+        # A quantized embedding table (as llama.cpp keeps it) is dequantized
+        # row by row at lookup.
         self.embed = embed
         self.layers = layers
         self.lm_head = lm_head
-        self.device = embed.device
-        self.dtype = embed.dtype  # the weights' dtype, used by every matmul
+        self.device = norm.device
+        # The dtype every product takes its input in: the weights' dtype, or
+        # for quantized weights the kernels' input dtype (`dtype`).
+        if dtype is None:
+            if isinstance(embed, QuantizedTensor):
+                raise ValueError("a quantized embedding needs the products' dtype")
+            dtype = embed.dtype
+        self.dtype = dtype
         # Everything between the matmuls (norms, RoPE, attention, the residual
         # stream) and the KV cache run in act_dtype. On the CPU that is fp32:
         # its elementwise and small batched kernels are much faster than
@@ -64,8 +80,8 @@ class LlamaModel:
         # activations are what llama.cpp keeps too.
         self.act_dtype = torch.float32 if self.device.type == "cpu" else self.dtype
         for layer in layers:
-            layer.input_norm = layer.input_norm.to(self.act_dtype)
-            layer.post_norm = layer.post_norm.to(self.act_dtype)
+            layer.input_norm = layer.input_norm.to(self.act_dtype).contiguous()
+            layer.post_norm = layer.post_norm.to(self.act_dtype).contiguous()
         self.norm = norm.to(self.act_dtype)
         self.scale = config.head_dim**-0.5
         self._q_size = config.num_attention_heads * config.head_dim
@@ -75,8 +91,16 @@ class LlamaModel:
         self._rope_cache_len = 0
         self._cos = self._sin = torch.empty(0)
         self.batch_invariant = False
+        self._bound: list[tuple] | None = None
+        # Whether steps may run the native CPU path (_forward_native): every
+        # product quantized, on the CPU.
+        self.native_forward = self.device.type == "cpu" and all(
+            isinstance(p, QuantLinear)
+            for layer in layers
+            for p in (layer.qkv, layer.o, layer.gate_up, layer.down)
+        )
 
-    def _product(self, linear: Linear, x: torch.Tensor) -> torch.Tensor:
+    def _product(self, linear: Product, x: torch.Tensor) -> torch.Tensor:
         if self.batch_invariant:
             return linear.tiled(x, ROW_TILE)
         return linear(x)
@@ -125,8 +149,13 @@ class LlamaModel:
         eps = c.rms_norm_eps
         norm_shape = (c.hidden_size,)
 
+        if isinstance(meta, AttentionMetadata) and meta.native:
+            return self._forward_native(input_ids, positions, meta, cache, cos_table, sin_table)
         act, weight = self.act_dtype, self.dtype
-        x = F.embedding(input_ids, self.embed).to(act)
+        if isinstance(self.embed, QuantizedTensor):
+            x = take_rows(self.embed, input_ids, act)
+        else:
+            x = F.embedding(input_ids, self.embed).to(act)
         for index, layer in enumerate(self.layers):
             h = F.rms_norm(x, norm_shape, layer.input_norm, eps)
             qkv = self._product(layer.qkv, h.to(weight)).to(act)
@@ -143,10 +172,134 @@ class LlamaModel:
             x = x + self._product(layer.down, F.silu(gate) * up)
         return F.rms_norm(x, norm_shape, self.norm, eps)
 
+    def _bound_layers(self) -> list[tuple]:
+        """Per layer, its four products bound to the native kernel and its
+        norms' data pointers: resolved once, reused by every step."""
+        if self._bound is None:
+            def bind(linear: QuantLinear) -> native.BoundProduct:
+                w = linear.weight
+                return native.BoundProduct(w.format, w.data, w.scales, w.mins, linear.bias)
+
+            self._bound = [
+                (bind(layer.qkv), bind(layer.o), bind(layer.gate_up), bind(layer.down),
+                 layer.input_norm.data_ptr(), layer.post_norm.data_ptr())
+                for layer in self.layers
+            ]
+        return self._bound
+
+    def _forward_native(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        cache: KVCache,
+        cos_table: torch.Tensor,
+        sin_table: torch.Tensor,
+    ) -> torch.Tensor:
+        """forward() with every product quantized, on the native CPU kernels:
+        five calls per layer for a decode step (norm + q/k/v, RoPE + KV
+        write + attention, o + residual, norm + gate/up, SwiGLU + down +
+        residual) instead of ~45 torch ops, whose fixed costs are most of a
+        one-sequence step. Prefill chunks in the step rotate and write their
+        K/V natively and attend with torch's SDPA.
+
+        Every row-wise operation is the same C code whatever the step holds,
+        and the products compute each row alone, so a sequence's tokens come
+        out the same alone or beside others (products of DEQUANTIZE_ROWS
+        rows or more aside: see _native_product)."""
+        c = self.config
+        if isinstance(self.embed, QuantizedTensor):
+            x = take_rows(self.embed, input_ids)
+        else:
+            x = F.embedding(input_ids, self.embed).float()
+        x = x.contiguous()
+        tokens = x.shape[0]
+        first = self.layers[0]
+        qkv = x.new_empty(tokens, first.qkv.out_features)
+        attn = x.new_empty(tokens, self._q_size)
+        gate_up = x.new_empty(tokens, first.gate_up.out_features)
+        eps = c.rms_norm_eps
+        heads, kv_heads, head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        decodes = meta.num_decode
+        prefill_rows = slice(decodes, tokens)
+        threads = torch.get_num_threads()
+        small = tokens < DEQUANTIZE_ROWS
+        for index, (layer, bound) in enumerate(zip(self.layers, self._bound_layers())):
+            k_layer, v_layer = cache.k[index], cache.v[index]
+            qkv_product, o_product, gate_up_product, down_product, input_norm, post_norm = bound
+            if small:
+                qkv_product(x, qkv, threads, RMS_NORM, input_norm, eps)
+            else:
+                _native_product(layer.qkv, x, qkv, input_op="rms_norm", norm_weight=layer.input_norm, eps=eps)
+            if decodes:
+                assert meta.decode_pages is not None
+                native.decode_attention(
+                    qkv[:decodes], heads, kv_heads, head_dim, cos_table, sin_table, positions[:decodes],
+                    k_layer, v_layer, meta.decode_pages, cache.page_size, c.sliding_window, self.scale,
+                    attn[:decodes],
+                )
+            if decodes < tokens:
+                new = qkv[prefill_rows]
+                native.rope_write_kv(
+                    new, heads, kv_heads, head_dim, cos_table, sin_table, positions[prefill_rows],
+                    k_layer, v_layer, meta.write_index[decodes * kv_heads :],
+                )
+                q, k, v = new.split((self._q_size, self._kv_size, self._kv_size), dim=-1)
+                for chunk in meta.prefills:
+                    rows = slice(chunk.token_start - decodes, chunk.token_start - decodes + chunk.num_tokens)
+                    attn[chunk.token_start : chunk.token_start + chunk.num_tokens] = prefill_attention(
+                        q[rows].reshape(-1, heads, head_dim),
+                        k[rows].reshape(-1, kv_heads, head_dim),
+                        v[rows].reshape(-1, kv_heads, head_dim),
+                        k_layer, v_layer, chunk, self.scale,
+                    )
+            if small:
+                o_product(attn, x, threads, accumulate=True)
+                gate_up_product(x, gate_up, threads, RMS_NORM, post_norm, eps)
+                down_product(gate_up, x, threads, SWIGLU, accumulate=True)
+            else:
+                _native_product(layer.o, attn, x, accumulate=True)
+                _native_product(layer.gate_up, x, gate_up, input_op="rms_norm", norm_weight=layer.post_norm, eps=eps)
+                _native_product(layer.down, gate_up, x, input_op="swiglu", accumulate=True)
+        return F.rms_norm(x, (c.hidden_size,), self.norm, eps)
+
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> float32 logits [N, vocab]."""
         return self._product(self.lm_head, hidden.to(self.dtype)).float()
+
+
+RMS_NORM, SWIGLU = native.INPUT_OPS["rms_norm"], native.INPUT_OPS["swiglu"]
+
+
+def _native_product(
+    linear: QuantLinear,
+    x: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    input_op: str | None = None,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+    accumulate: bool = False,
+) -> None:
+    """out (+)= op(x) @ W.T on the native kernel; a product of
+    DEQUANTIZE_ROWS rows or more (a long prompt) is compute-bound, so it runs
+    as a float GEMM on the dequantized weight with the kernel's input
+    rounding (engine.quant.QuantLinear): the same product up to summation
+    order."""
+    w = linear.weight
+    if x.shape[0] < DEQUANTIZE_ROWS:
+        native.quant_matmul_into(
+            w.format, x, w.data, w.scales, w.mins, linear.bias, out,
+            input_op=input_op, norm_weight=norm_weight, eps=eps, accumulate=accumulate,
+        )
+        return
+    rounded = native.prepare_inputs(x, linear.in_features, input_op=input_op, norm_weight=norm_weight, eps=eps)
+    y = F.linear(rounded, dequantize_fast(w), linear.bias)
+    if accumulate:
+        out.add_(y)
+    else:
+        out.copy_(y)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int) -> torch.Tensor:

@@ -49,6 +49,8 @@ class ModelRunner:
     def execute(self, step: ScheduleResult) -> list[int]:
         """Run one forward; return one sampled token per sampling chunk, in
         the order of `[c for c in step.chunks if c.samples]`."""
+        if self.cache.commit_on_use:
+            self.cache.commit(highest_page_written(step, self.page_size) + 1)
         if self.threads is None:
             return self._execute(step)
         num_tokens = sum(c.num_tokens for c in step.chunks)
@@ -84,7 +86,10 @@ class ModelRunner:
             prefills=[],
             batch_invariant=self.deterministic,
         )
-        if step.decodes:
+        meta.native = self.model.native_forward and not self.deterministic
+        if step.decodes and meta.native:
+            meta.decode_pages = self._decode_page_table(step.decodes)
+        elif step.decodes:
             meta.decode_rows, meta.decode_bias = self._decode_keys(step.decodes)
         token_start = len(step.decodes)
         for chunk in step.prefills:
@@ -103,6 +108,13 @@ class ModelRunner:
     def _page_rows(self, table: torch.Tensor) -> torch.Tensor:
         """[..., pages] page ids -> [..., kv_heads, pages] cache rows."""
         return table.unsqueeze(-2) * self.num_kv + self._head_offsets[:, None]
+
+    def _decode_page_table(self, decodes: list[ScheduledChunk]) -> torch.Tensor:
+        """[decodes, max_pages] page ids through each one's new token, padded with 0."""
+        ps = self.page_size
+        used = [c.seq.pages[: c.start // ps + 1] for c in decodes]
+        width = max(len(pages) for pages in used)
+        return torch.tensor([pages + [0] * (width - len(pages)) for pages in used], dtype=torch.long)
 
     def _decode_keys(self, decodes: list[ScheduledChunk]) -> tuple[torch.Tensor, torch.Tensor]:
         ps = self.page_size
@@ -193,6 +205,24 @@ def flatten_step(
             sample_rows.append(len(ids) - 1)
             samplers.append(seq.sampler)
     return ids, positions, slots, sample_rows, samplers
+
+
+def highest_page_written(step: ScheduleResult, page_size: int) -> int:
+    """The highest page id a step writes K/V to (-1 for an empty step).
+
+    Every page a step reads was written by it or by an earlier step, or is
+    page 0 (the padding of shorter decodes), so committing through this page
+    before the step makes all that it reads safe (engine.attention.KVCache).
+    """
+    highest = -1
+    for chunk in step.chunks:
+        if chunk.num_tokens:
+            # A sequence's pages are in no particular order once freed and
+            # evicted pages are reused: look at every page the chunk writes.
+            first = chunk.start // page_size
+            last = (chunk.start + chunk.num_tokens - 1) // page_size
+            highest = max(highest, *chunk.seq.pages[first : last + 1])
+    return highest
 
 
 def _whole_blocks(num_keys: int) -> int:

@@ -21,7 +21,10 @@ EXE=$BUNDLE/tandem
 [ -x "$EXE" ] || { echo "smoke_frozen.sh: no bundle at $BUNDLE (build it: packaging/build.sh)" >&2; exit 1; }
 
 frozen() {
-    env -i PATH=/usr/bin:/bin HOME="$HOME" LANG=C.UTF-8 \
+    # CC=false: a machine without a C compiler, so the bundle's own
+    # prebuilt kernels must be what runs the quantized model.
+    env -i PATH=/usr/bin:/bin HOME="$HOME" LANG=C.UTF-8 CC=false \
+        TANDEM_KERNEL_CACHE="$OUT/kernel-cache" \
         QT_QPA_PLATFORM="${QT_QPA_PLATFORM:-offscreen}" \
         TANDEM_DATA_DIR="$OUT/data" TANDEM_LOG_DIR="$OUT/log" \
         "$EXE" "$@"

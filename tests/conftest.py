@@ -37,6 +37,15 @@ def default_model_dir() -> Iterator[Path]:
             os.environ["TANDEM_DATA_DIR"] = previous
 
 
+@pytest.fixture(scope="session")
+def default_float_dir(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default model as a float32 Hugging Face folder (its imported
+    folder keeps the GGUF's quantized blocks, which transformers cannot read)."""
+    from engine.loader import dequantized_copy
+
+    return dequantized_copy(default_model_dir, tmp_path_factory.mktemp("default-float"))
+
+
 # A random-weight model of the default model's family and tokenizer: every
 # engine path runs on it, fast, where what the text says does not matter.
 TINY_MODEL_CONFIG = {

@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     crash_log.attach_loop(loop)
 
     registry = ModelRegistry()
-    workspace = Workspace(settings, resolve_model=_model_resolver(registry))
+    workspace = Workspace(settings, resolve_model=_model_resolver(registry), model_options=registry.engine_options)
     store_problem = None
     try:
         session: Any = ChatSession.open()

@@ -1023,7 +1023,13 @@ class MainWindow(QMainWindow):
             self.model_manager.raise_()
             self.model_manager.activateWindow()
             return
-        dialog = ModelManagerDialog(self.registry, self, is_in_use=self.workspace.model_in_use)
+        dialog = ModelManagerDialog(
+            self.registry,
+            self,
+            is_in_use=self.workspace.model_in_use,
+            is_loaded=lambda model_id: self.workspace.model_state(model_id) == "ready",
+            reload_model=self.load_model,
+        )
         s = self.engine_settings
         try:
             dialog.set_engine_settings(s.device, s.dtype, s.kv_cache_mb, s.page_size)

@@ -2,7 +2,9 @@
 
 The dialog lists the registry's models with their details, adds a model
 folder, imports a GGUF file (with a progress bar and a Cancel button) and
-removes models. An import runs on a daemon thread that never touches Qt: it
+removes models. A float checkpoint's details hold its "Quantize at load"
+choice (Off / int8 / int4, kept per model in the registry); a folder stored
+quantized already (an imported GGUF file) shows its formats instead. An import runs on a daemon thread that never touches Qt: it
 only records its progress and outcome under a lock, and a timer on the GUI
 thread shows them. (Emitting Qt signals from plain Python threads crashed
 PySide6 6.8+ in this project's test runs; see ui/event_loop.py.)
@@ -42,9 +44,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.memory_estimate import estimate_memory
+from app.memory_estimate import MemoryEstimate, estimate_memory
 from app.model_registry import (
     DEFAULT_MODEL_ID,
+    QUANTIZE_CHOICES,
     ImportCancelledError,
     ModelDetails,
     ModelEntry,
@@ -59,6 +62,23 @@ log = logging.getLogger(__name__)
 
 # How often the GUI thread looks at a running import (a progress bar needs no more).
 _POLL_MS = 50
+
+# The "Quantize at load" choices: (label, registry value).
+QUANTIZE_ITEMS: tuple[tuple[str, str | None], ...] = (
+    ("Off", None),
+    ("int8 (8-bit)", "int8"),
+    ("int4 (4-bit)", "int4"),
+)
+assert {value for _, value in QUANTIZE_ITEMS} - {None} == set(QUANTIZE_CHOICES)
+# What each choice does to a float checkpoint (engine/loader.py quantized_copy).
+_QUANTIZE_MEANING = {
+    None: "Runs the weights as stored.",
+    "int8": "Layers as 8-bit blocks (q8_0, ~1.06 bytes a weight): nearly identical replies, faster on the CPU.",
+    "int4": (
+        "Layers as 4-bit blocks (q4_1, ~0.6 bytes a weight; embedding and head at 8 bits): "
+        "smallest and fastest on the CPU, slightly less accurate."
+    ),
+}
 
 
 def format_parameters(count: int) -> str:
@@ -101,12 +121,21 @@ class ModelManagerDialog(QDialog):
         parent: QWidget | None = None,
         *,
         is_in_use: Callable[[str], bool] | None = None,
+        is_loaded: Callable[[str], bool] | None = None,
+        reload_model: Callable[[str], None] | None = None,
     ) -> None:
+        """`is_loaded(id)`: whether the model's engine is loaded now (a changed
+        quantize choice then applies at its next load); `reload_model(id)`
+        reloads it, offered after such a change."""
         super().__init__(parent)
         self.setWindowTitle("Models")
         self.registry = registry
         # Panes running a model: such a model cannot be removed until they switch.
         self._is_in_use = is_in_use or (lambda model_id: False)
+        self._is_loaded = is_loaded or (lambda model_id: False)
+        self._reload_model = reload_model
+        # Models whose quantize choice changed while they were loaded.
+        self._pending_reload: set[str] = set()
         self._details: dict[str, ModelDetails | ModelError] = {}
         self._engine_settings: dict[str, object] = {"device": "auto", "dtype": "auto", "kv_cache_mb": None, "page_size": 16}
         self._job: _ImportJob | None = None
@@ -158,6 +187,34 @@ class ModelManagerDialog(QDialog):
         clear.setColor(QPalette.ColorRole.Base, QColor(0, 0, 0, 0))  # reads as text, in any theme
         self.location_field.setPalette(clear)
         form.addRow("Location:", self.location_field)
+
+        # Quantize at load: a choice for float checkpoints, the formats otherwise.
+        quantize_row = QWidget(self.details_box)
+        quantize_layout = QVBoxLayout(quantize_row)
+        quantize_layout.setContentsMargins(0, 0, 0, 0)
+        choice_line = QHBoxLayout()
+        self.quantize_choice = QComboBox(quantize_row)
+        self.quantize_choice.setAccessibleName("Quantize at load")
+        for label, value in QUANTIZE_ITEMS:
+            self.quantize_choice.addItem(label, value)
+        self.quantize_choice.activated.connect(self._on_quantize_chosen)
+        self.reload_button = QPushButton("Re&load now", quantize_row)
+        self.reload_button.setAutoDefault(False)
+        self.reload_button.setToolTip("Load the model again with the new choice (its replies in progress stop)")
+        self.reload_button.clicked.connect(self.reload_selected)
+        self.reload_button.hide()
+        choice_line.addWidget(self.quantize_choice)
+        choice_line.addWidget(self.reload_button)
+        choice_line.addStretch(1)
+        quantize_layout.addLayout(choice_line)
+        self.quantize_note = QLabel(quantize_row)
+        self.quantize_note.setWordWrap(True)
+        self.quantize_note.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.quantize_note.setMinimumWidth(self.fontMetrics().averageCharWidth() * 30)
+        quantize_layout.addWidget(self.quantize_note)
+        quantize_label = QLabel("&Quantize at load:", self.details_box)
+        quantize_label.setBuddy(self.quantize_choice)
+        form.addRow(quantize_label, quantize_row)
         self.details_error = QLabel(self.details_box)
         self.details_error.setWordWrap(True)
         self.details_error.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -221,7 +278,9 @@ class ModelManagerDialog(QDialog):
         layout.addLayout(buttons)
 
         QShortcut(QKeySequence(QKeySequence.StandardKey.Delete), self.model_list, self.remove_selected)
-        QWidget.setTabOrder(self.model_list, self.add_button)
+        QWidget.setTabOrder(self.model_list, self.quantize_choice)
+        QWidget.setTabOrder(self.quantize_choice, self.reload_button)
+        QWidget.setTabOrder(self.reload_button, self.add_button)
         QWidget.setTabOrder(self.add_button, self.import_button)
         QWidget.setTabOrder(self.import_button, self.remove_button)
         QWidget.setTabOrder(self.remove_button, self.close_button)
@@ -296,6 +355,9 @@ class ModelManagerDialog(QDialog):
             self._set_location(display_path(entry.path) if entry and entry.path else "—")
             self.details_error.setText(str(details))
             self.details_error.show()
+            self.quantize_choice.hide()
+            self.reload_button.hide()
+            self.quantize_note.setText("—")
             return
         self.details_error.hide()
         labels["architecture"].setText(details.architecture)
@@ -306,13 +368,101 @@ class ModelManagerDialog(QDialog):
         labels["size"].setText(format_bytes(details.size_on_disk_bytes))
         self._set_location(display_path(details.path) if details.path else "Imported on first use")
         labels["source"].setText(details.source)
-        try:
-            estimate = estimate_memory(details.shape, **self._engine_settings)  # type: ignore[arg-type]
-        except EngineError as exc:  # e.g. CUDA chosen in the settings, none here
-            labels["memory"].setText(str(exc))
+        quantize = entry.quantize if entry is not None and not details.quantized else None
+        estimate = self._estimate(details, quantize)
+        if isinstance(estimate, EngineError):  # e.g. CUDA chosen in the settings, none here
+            labels["memory"].setText(str(estimate))
         else:
             where = "this computer's memory" if estimate.device == "cpu" else "the GPU"
             labels["memory"].setText(f"{estimate.describe()}, in {where}")
+        self._show_quantize(model_id, details, quantize, estimate)
+
+    def _estimate(self, details: ModelDetails, quantize: str | None) -> MemoryEstimate | EngineError:
+        try:
+            return estimate_memory(
+                details.shape, **self._engine_settings, stored=details.stored, quantize=quantize  # type: ignore[arg-type]
+            )
+        except EngineError as exc:
+            return exc
+
+    def _show_quantize(
+        self, model_id: str, details: ModelDetails, quantize: str | None, estimate: MemoryEstimate | EngineError
+    ) -> None:
+        """The "Quantize at load" row: the choice and what it means, or the
+        formats of a model stored quantized already."""
+        note = self.quantize_note
+        if details.quantized:
+            self.quantize_choice.hide()
+            self.reload_button.hide()
+            note.setText(
+                f"Not needed: stored as {' + '.join(details.stored.formats)} blocks, which stay "
+                "quantized in memory."
+            )
+            return
+        self.quantize_choice.show()
+        self.quantize_choice.setCurrentIndex(max(0, self.quantize_choice.findData(quantize)))
+        parts = [_QUANTIZE_MEANING[quantize]]
+        if quantize is None:
+            smaller = [(mode, self._estimate(details, mode)) for mode in QUANTIZE_CHOICES]
+            if all(isinstance(e, MemoryEstimate) for _, e in smaller) and isinstance(estimate, MemoryEstimate):
+                sizes = " and ".join(f"{format_bytes(e.weights_bytes)} in {mode}" for mode, e in smaller)  # type: ignore[union-attr]
+                parts.append(
+                    f"Quantized, the weights would take {sizes} instead of "
+                    f"{format_bytes(estimate.weights_bytes)}; computed once at the next load, then cached."
+                )
+            else:
+                problem = next(e for _, e in [*smaller, (None, estimate)] if isinstance(e, EngineError))
+                parts.append(str(problem))
+        elif isinstance(estimate, EngineError):
+            parts.append(str(estimate))
+        else:
+            as_stored = self._estimate(details, None)
+            if isinstance(as_stored, MemoryEstimate):
+                parts.append(
+                    f"Weights {format_bytes(estimate.weights_bytes)} instead of "
+                    f"{format_bytes(as_stored.weights_bytes)};"
+                )
+            parts.append("computed once at the first load, then cached.")
+        pending = model_id in self._pending_reload and self._is_loaded(model_id)
+        if pending:
+            parts.append("The loaded copy runs as before until the model loads again.")
+        note.setText(" ".join(parts))
+        self.reload_button.setVisible(pending and self._reload_model is not None)
+
+    def _on_quantize_chosen(self, index: int) -> None:
+        model_id = self.selected_id()
+        if model_id is None:
+            return
+        mode = self.quantize_choice.itemData(index)
+        try:
+            entry = self.registry.set_quantize(model_id, mode)
+        except ModelError as exc:
+            self.show_error("The quantize choice was not changed", str(exc))
+            self._show_selected()  # back to the choice that is saved
+            return
+        label = self.quantize_choice.itemText(index)
+        if self._is_loaded(model_id):
+            self._pending_reload.add(model_id)
+            when = "the next time it loads" + (" (or reload it now)" if self._reload_model is not None else "")
+            self.status_label.setText(f"“{entry.name}”: quantize at load set to {label}; it applies {when}.")
+        else:
+            self.status_label.setText(f"“{entry.name}”: quantize at load set to {label}; it applies when it loads.")
+        self._show_selected()
+
+    def reload_selected(self) -> None:
+        """Reload the selected model so that its quantize choice applies now."""
+        model_id = self.selected_id()
+        if model_id is None or self._reload_model is None:
+            return
+        self._pending_reload.discard(model_id)
+        try:
+            self._reload_model(model_id)
+        except Exception as exc:  # the window reports load failures itself; this is a bug
+            log.exception("reloading %s", model_id)
+            self.show_error("The model was not reloaded", str(exc))
+            return
+        self.status_label.setText(f"Reloading “{self.registry.get(model_id).name}”…")
+        self._show_selected()
 
     def _set_location(self, text: str) -> None:
         self.location_field.setText(text)

@@ -116,6 +116,8 @@ def _run(args: argparse.Namespace, out: Path) -> None:
         window.load_engine()
         await _wait_ready(workspace)
         timings["ready"] = process_age()
+        stats = workspace.stats()
+        weights = stats.weights if stats is not None else "unknown"
         base = dataclasses.replace(settings.default_params, max_tokens=MAX_TOKENS)
         workspace.set_params(first.id, dataclasses.replace(base, temperature=0.0, seed=None))
         workspace.set_params(second.id, dataclasses.replace(base, temperature=0.7, seed=7))
@@ -147,6 +149,7 @@ def _run(args: argparse.Namespace, out: Path) -> None:
         if not window.grab().save(str(out), "PNG"):
             raise SmokeFailure(f"could not write the screenshot to {out}")
         await _save_conversations(session, [first, second])
+        print(f"weights: {weights}")
 
     failure: list[BaseException] = []
 

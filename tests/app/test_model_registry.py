@@ -20,6 +20,7 @@ from app.memory_estimate import (
     LoadedModel,
     MemoryEstimate,
     ModelShape,
+    QuantizedWeights,
     available_memory,
     check_fits,
     cpu_available_memory,
@@ -34,6 +35,7 @@ from app.model_registry import (
     ImportCancelledError,
     ModelConfigError,
     ModelEntry,
+    ModelError,
     ModelNotSupportedError,
     ModelRegistry,
     ModelTokenizerError,
@@ -45,6 +47,8 @@ from app.model_registry import (
 )
 from engine.config import ModelConfig
 from engine.default_model import default_gguf_path
+from engine.loader import quantized_copy
+from engine.quant import ConcatLinear, QuantizedTensor, cpu_kernel_available
 from engine.progress import LoadProgress
 from tests.engine.test_gguf_import import TinyModel, write_gguf
 
@@ -111,11 +115,19 @@ def test_default_details_after_its_import_describe_the_imported_folder(
     details = before_import.details("default")
     assert details.path == default_model_dir
     assert details.parameters == 134_515_008
-    assert details.dtype == "float32 (imported from Q4_1)"
+    # Kept quantized as the GGUF file stores it: the layers' Q4_1 blocks, the
+    # embedding's Q8_0 ones.
+    assert details.dtype == "q4_1 + q8_0 blocks (from a Q4_1 GGUF)"
+    assert details.quantized and details.stored.formats == ("q4_1", "q8_0")
     assert details.architecture == "llama (LlamaForCausalLM)"
-    # The GGUF header and the imported config describe the same model.
+    # The GGUF header and the imported config describe the same model, and
+    # the header predicts what the import keeps quantized.
+    summary = read_gguf_summary(default_gguf_path())
     assert details.shape == ModelShape.from_config(ModelConfig.from_folder(default_model_dir))
-    assert details.shape == read_gguf_summary(default_gguf_path()).shape()
+    assert details.shape == summary.shape()
+    assert details.stored == summary.kept_formats()
+    assert details.stored.embedding == "q8_0" and details.stored.lm_head is None  # tied
+    assert details.stored.matmul == (("q4_1", details.shape.matmul_params),)
 
 
 # ---------------------------------------------------------------------------
@@ -264,6 +276,52 @@ def test_removing_a_folder_only_unregisters_it(registry: ModelRegistry, model_fo
     assert registry.remove(entry.id) == entry
     assert user_ids(registry) == []
     assert leftovers(model_folder) == files
+
+
+# ---------------------------------------------------------------------------
+# Quantize at load
+
+
+def test_the_quantize_choice_is_kept_per_model_in_models_json(
+    registry: ModelRegistry, model_folder: Path, tiny_model_dir: Path, tmp_path: Path, data_dir: Path
+) -> None:
+    entry = registry.add_folder(model_folder)
+    other = registry.add_folder(shutil.copytree(tiny_model_dir, tmp_path / "Other"))
+    assert entry.quantize is None and registry.engine_options(entry.id) == {}
+
+    assert registry.set_quantize(entry.id, "int4").quantize == "int4"
+    reopened = ModelRegistry(data_dir / "models.json")
+    assert reopened.load_warning is None
+    assert reopened.get(entry.id).quantize == "int4" and reopened.get(other.id).quantize is None
+    assert reopened.engine_options(entry.id) == {"quantize": "int4"}
+    assert reopened.engine_options(other.id) == {}
+    # Ids the registry does not know (a folder given with --model) add nothing.
+    assert reopened.engine_options("/some/folder") == {} == reopened.engine_options("default")
+    saved = json.loads((data_dir / "models.json").read_text())["models"]
+    assert [m.get("quantize") for m in saved] == ["int4", None]
+
+    reopened.set_quantize(entry.id, None)
+    assert ModelRegistry(data_dir / "models.json").get(entry.id).quantize is None
+    assert "quantize" not in json.loads((data_dir / "models.json").read_text())["models"][0]
+
+
+def test_quantize_choices_that_cannot_apply_are_refused(registry: ModelRegistry, model_folder: Path, data_dir: Path) -> None:
+    entry = registry.add_folder(model_folder)
+    with pytest.raises(ModelError, match="Unknown quantization 'int2'"):
+        registry.set_quantize(entry.id, "int2")
+    with pytest.raises(DefaultModelError, match="stored quantized already"):
+        registry.set_quantize("default", "int8")
+    assert ModelRegistry(data_dir / "models.json").get(entry.id).quantize is None
+
+
+def test_an_unknown_quantize_choice_in_models_json_keeps_the_model(data_dir: Path, model_folder: Path) -> None:
+    data_dir.mkdir()
+    path = data_dir / "models.json"
+    item = {"id": "tiny", "name": "Tiny", "kind": "folder", "path": str(model_folder), "quantize": "int2"}
+    path.write_text(json.dumps({"version": 1, "models": [item]}))
+    registry = ModelRegistry(path)
+    assert registry.load_warning is None
+    assert registry.get("tiny").quantize is None  # run as stored
 
 
 # ---------------------------------------------------------------------------
@@ -459,18 +517,34 @@ def test_a_registry_that_cannot_be_written_keeps_nothing_half_done(
 
 
 def _loaded_bytes(engine) -> int:
-    """Bytes of every distinct tensor a loaded model holds, oneDNN copies included."""
+    """Bytes of every distinct tensor a loaded model holds, oneDNN copies and
+    quantized blocks included (a tied head's blocks are the embedding's)."""
     model = engine.model
-    tensors = [model.embed, model.norm]
-    linears = [model.lm_head]
+    tensors = [model.norm]
+
+    def add(weight: torch.Tensor | QuantizedTensor) -> None:
+        if isinstance(weight, QuantizedTensor):
+            tensors.extend(t for t in (weight.data, weight.scales, weight.mins) if t is not None)
+        else:
+            tensors.append(weight)
+
+    add(model.embed)
+    products = [model.lm_head]
     for layer in model.layers:
         tensors += [layer.input_norm, layer.post_norm]
-        linears += [layer.qkv, layer.o, layer.gate_up, layer.down]
+        products += [layer.qkv, layer.o, layer.gate_up, layer.down]
     total, seen = 0, set()
-    for linear in linears:
-        tensors += [linear.weight] + ([linear.bias] if linear.bias is not None else [])
-        if linear._packed is not None:  # opaque oneDNN tensor: no storage to dedupe by
-            total += linear._packed.numel() * linear._packed.element_size()
+    while products:
+        product = products.pop()
+        if isinstance(product, ConcatLinear):
+            products += product.parts
+            continue
+        add(product.weight)
+        if product.bias is not None:
+            tensors.append(product.bias)
+        packed = getattr(product, "_packed", None)
+        if packed is not None:  # opaque oneDNN tensor: no storage to dedupe by
+            total += packed.numel() * packed.element_size()
     for tensor in tensors:
         pointer = tensor.untyped_storage().data_ptr()
         if pointer not in seen:
@@ -498,6 +572,110 @@ def test_the_estimate_matches_what_the_engine_allocates(
         assert (estimate.device, estimate.dtype, estimate.overhead_bytes) == ("cpu", dtype, 0)
     finally:
         engine.close()
+
+
+needs_kernel = pytest.mark.skipif(
+    not cpu_kernel_available(), reason="the native quantized CPU kernel does not run in this installation"
+)
+
+
+@needs_kernel
+def test_quantize_at_load_shrinks_the_estimate_to_what_the_engine_holds(
+    registry: ModelRegistry, model_folder: Path
+) -> None:
+    """A float folder with a quantize choice: the engine keeps the layers'
+    blocks and a q8_0 embedding (one copy, no oneDNN twin), and the estimate
+    counts exactly those bytes."""
+    from engine import Engine
+
+    entry = registry.add_folder(model_folder)
+    as_stored = registry.estimate_memory(entry.id, device="cpu", dtype="float32", kv_cache_mb=1)
+    estimates = {}
+    for mode, layers in (("int8", "q8_0"), ("int4", "q4_1")):
+        entry = registry.set_quantize(entry.id, mode)
+        estimate = registry.estimate_memory(entry.id, device="cpu", dtype="float32", kv_cache_mb=1)
+        engine = Engine(
+            registry.engine_model(entry.id), device="cpu", dtype="float32", kv_cache_bytes=1 << 20,
+            threads=1, **registry.engine_options(entry.id),
+        )
+        try:
+            held = engine.stats().weights
+            assert estimate.weights_bytes == _loaded_bytes(engine)
+            assert estimate.kv_bytes == engine.pool.num_pages * engine.kv_cache_bytes_per_page(16)
+        finally:
+            engine.close()
+        assert held == estimate.weights == "+".join(sorted({layers, "q8_0"})) + " (kernel)"
+        assert held in estimate.describe()
+        estimates[mode] = estimate
+    shape = registry.details(entry.id).shape
+    params = shape.matmul_params + shape.embedding_params
+    # ~1.06 bytes a weight in q8_0, ~0.6 in q4_1 (its embedding at q8_0),
+    # against 4 in float32 (8 where oneDNN keeps its packed copy).
+    assert estimates["int8"].weights_bytes < 1.1 * params + shape.norm_params * 4
+    assert estimates["int4"].weights_bytes < estimates["int8"].weights_bytes < as_stored.weights_bytes / 3
+    # An explicit None estimates the folder as stored, whatever the entry says.
+    assert registry.estimate_memory(entry.id, "cpu", "float32", 1, quantize=None) == as_stored
+
+
+@needs_kernel
+def test_a_quantized_folder_is_estimated_at_its_blocks_or_at_float_size_when_dequantized(
+    registry: ModelRegistry, model_folder: Path, tmp_path: Path
+) -> None:
+    from engine import Engine
+
+    folder = quantized_copy(model_folder, "int4", cache_dir=tmp_path / "copies")
+    entry = registry.add_folder(folder)
+    details = registry.details(entry.id)
+    assert details.quantized and details.dtype == "q4_1 + q8_0 blocks"
+    for quantized, held in (("auto", "q4_1+q8_0 (kernel)"), ("dequantize", "float32 (dequantized from q4_1+q8_0)")):
+        estimate = registry.estimate_memory(entry.id, "cpu", "float32", 1, quantized=quantized)
+        engine = Engine(
+            str(folder), device="cpu", dtype="float32", kv_cache_bytes=1 << 20, threads=1, quantized=quantized
+        )
+        try:
+            assert (estimate.weights_bytes, estimate.weights) == (_loaded_bytes(engine), engine.stats().weights)
+        finally:
+            engine.close()
+        assert held == estimate.weights
+    # The choice only applies to float checkpoints.
+    with pytest.raises(ModelError, match="stored as q4_1 \\+ q8_0 blocks already"):
+        registry.set_quantize(entry.id, "int8")
+
+
+@needs_kernel
+def test_the_default_model_is_estimated_as_it_runs(default_engine, default_model_dir: Path, tmp_path: Path) -> None:
+    """The built-in model runs its Q4_1 blocks as they are: ~97 MB of
+    weights, not the 1.1 GB of float32 it took when it was dequantized."""
+    registry = ModelRegistry(tmp_path / "models.json")
+    estimate = registry.estimate_memory("default", device="cpu", dtype="auto", kv_cache_mb=256)
+    assert estimate.weights == default_engine.stats().weights == "q4_1+q8_0 (kernel)"
+    assert estimate.weights_bytes == _loaded_bytes(default_engine)
+    assert estimate.kv_bytes == default_engine.stats().kv_bytes_total
+    assert estimate.weights_bytes < 1.05 * (default_model_dir / "model.safetensors").stat().st_size
+    assert "KV cache up to" in estimate.describe()
+
+
+def test_estimate_of_quantized_weights_by_format() -> None:
+    shape = ModelShape(
+        matmul_params=3200, embedding_params=640, lm_head_params=640, norm_params=10, bias_params=0,
+        num_layers=2, num_kv_heads=2, head_dim=4, max_context=64,
+    )
+    int4 = QuantizedWeights.planned(shape, "int4")
+    assert int4 == QuantizedWeights((("q4_1", 3200),), "q8_0", "q8_0")
+    assert int4.formats == ("q4_1", "q8_0") and not QuantizedWeights()
+    dequantized = estimate_memory(shape, "cpu", "float32", stored=int4, quantized="dequantize")
+    plain = estimate_memory(shape, "cpu", "float32")
+    assert dequantized.weights_bytes == plain.weights_bytes
+    assert dequantized.weights == "float32 (dequantized from q4_1+q8_0)" and plain.weights == ""
+    if cpu_kernel_available():
+        # q4_1: 20 bytes per 32 weights; q8_0: 34.
+        kept = estimate_memory(shape, "cpu", "float32", stored=int4)
+        assert kept.weights_bytes == 3200 * 20 // 32 + 2 * 640 * 34 // 32 + 10 * 4
+        assert kept == estimate_memory(shape, "cpu", "float32", quantize="int4")
+        # A folder that is quantized already ignores the choice, as the loader does.
+        assert estimate_memory(shape, "cpu", "float32", stored=int4, quantize="int8") == kept
+    with pytest.raises(Exception, match="Unknown quantization 'int3'"):
+        estimate_memory(shape, "cpu", "float32", quantize="int3")
 
 
 def test_estimate_arithmetic_by_device_and_dtype() -> None:

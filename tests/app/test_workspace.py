@@ -34,6 +34,7 @@ from app.events import (
 from app.settings import Settings
 from app.workspace import Workspace
 from engine import Engine, SamplingParams
+from engine.quant import cpu_kernel_available
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
 # A stream that does not end by itself: the random model may emit an end token at any point.
@@ -572,3 +573,85 @@ def test_shutdown_while_loading_cancels_the_load(tiny_model_dir: Path) -> None:
     assert asyncio.run(main()) is False
     assert workspace.engine_state == "closed"
     assert workspace.engine is None
+
+
+# -- quantize at load (the model registry's per-model choice) ------------------------
+
+
+def registered_tiny(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: Path) -> tuple[Any, str]:
+    """A real registry in `data` (the quantized copies' cache too) with a copy of the tiny float model."""
+    import shutil
+
+    from app.model_registry import ModelRegistry
+
+    monkeypatch.setenv("TANDEM_DATA_DIR", str(data))
+    registry = ModelRegistry(tmp_path / "registry" / "models.json")
+    entry = registry.add_folder(shutil.copytree(tiny_model_dir, tmp_path / "Tiny Float"))
+    return registry, entry.id
+
+
+@pytest.mark.skipif(not cpu_kernel_available(), reason="the native quantized CPU kernel does not run here")
+def test_a_models_quantize_choice_is_loaded_and_a_change_applies_at_the_next_load(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registry, model_id = registered_tiny(tiny_model_dir, tmp_path, monkeypatch, tmp_path / "data")
+    registry.set_quantize(model_id, "int4")
+    workspace = Workspace(
+        tiny_settings(tiny_model_dir, model=model_id),
+        resolve_model=registry.engine_model, model_options=registry.engine_options,
+    )
+    pane = workspace.add_pane()
+    held: list[str] = []
+
+    async def main() -> None:
+        assert await workspace.load_model(model_id)
+        held.append(workspace.stats(model_id).weights)
+        turn = await workspace.send("hi")
+        await turn.wait()
+        # Changed while loaded: the engine keeps what it was loaded with.
+        registry.set_quantize(model_id, None)
+        held.append(workspace.stats(model_id).weights)
+        assert workspace.slots[model_id].options == {"quantize": "int4"}
+        assert await workspace.load_model(model_id)
+        held.append(workspace.stats(model_id).weights)
+        assert workspace.slots[model_id].options == {}
+        await workspace.shutdown()
+
+    asyncio.run(main())
+    assert held == ["q4_1+q8_0 (kernel)", "q4_1+q8_0 (kernel)", "float32"]
+    assert pane.conversation.messages[1].state == "complete"
+    # Quantized once into the data folder's models/, reused from there.
+    assert [p.name.split("-int4-")[0] for p in (tmp_path / "data" / "models").iterdir()] == ["Tiny Float"]
+
+
+def test_a_failed_quantize_at_load_says_what_to_do_and_the_workspace_goes_on(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A file where the data folder should be: the quantized copy cannot be
+    # written, whoever runs the test (permissions do not stop root).
+    blocker = tmp_path / "blocked"
+    blocker.write_text("not a folder")
+    registry, model_id = registered_tiny(tiny_model_dir, tmp_path, monkeypatch, blocker)
+    registry.set_quantize(model_id, "int8")
+    workspace = Workspace(
+        tiny_settings(tiny_model_dir, model=model_id),
+        resolve_model=registry.engine_model, model_options=registry.engine_options,
+    )
+    workspace.add_pane()
+    recorder = Recorder(workspace)
+
+    async def main() -> None:
+        assert not await workspace.load_model(model_id)
+        assert workspace.model_state(model_id) == "error"
+        registry.set_quantize(model_id, None)
+        assert await workspace.load_model(model_id)  # as stored, at the user's word
+        turn = await workspace.send("hi")
+        await turn.wait()
+        await workspace.shutdown()
+
+    asyncio.run(main())
+    errors = [e.error for e in recorder.of(EngineStateChanged) if e.state == "error"]
+    assert len(errors) == 1
+    assert errors[0].startswith("Loading the model quantized to int8 failed: ")
+    assert "set “Quantize at load” to Off" in errors[0]
+    assert workspace.panes[0].conversation.messages[1].state == "complete"

@@ -49,7 +49,8 @@ def run_cli(*args: str, env_extra: dict[str, str] | None = None) -> subprocess.C
 @pytest.fixture(scope="module")
 def greedy_json(default_model_dir: Path) -> list[dict]:
     args = ["generate", "--model", str(default_model_dir), "--temperature", "0"]
-    args += ["--max-tokens", "32", "--dtype", "float32", "--device", "cpu", "--json"]
+    # Dequantized: what the GGUF file means, which transformers computes.
+    args += ["--max-tokens", "32", "--dtype", "float32", "--quantized", "dequantize", "--device", "cpu", "--json"]
     for text in CHATS:
         args += ["--chat", text]
     proc = run_cli(*args)
@@ -70,16 +71,16 @@ def test_json_contract(greedy_json: list[dict]) -> None:
 
 
 def test_greedy_matches_transformers_token_for_token(
-    default_model_dir: Path, greedy_json: list[dict]
+    default_float_dir: Path, greedy_json: list[dict]
 ) -> None:
     transformers = pytest.importorskip("transformers")
     gguf = default_gguf_path()
     tok = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    # The model from the imported folder: that its tensors equal transformers'
-    # own reading of the GGUF file is test_gguf_import's check, and loading
-    # the folder is a minute faster than dequantizing the file again.
+    # The model from the imported folder, dequantized: that its tensors equal
+    # transformers' own reading of the GGUF file is test_gguf_import's check,
+    # and this is a minute faster than dequantizing the file again.
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        default_model_dir, dtype=torch.float32
+        default_float_dir, dtype=torch.float32
     ).eval()
     for text, record in zip(CHATS, greedy_json):
         ids = tok.apply_chat_template(
@@ -103,7 +104,7 @@ def test_greedy_matches_transformers_token_for_token(
 def test_plain_output_streams_text(default_model_dir: Path, greedy_json: list[dict]) -> None:
     proc = run_cli(
         "generate", "--model", str(default_model_dir), "--chat", CHATS[0],
-        "--temperature", "0", "--max-tokens", "32", "--dtype", "float32",
+        "--temperature", "0", "--max-tokens", "32", "--dtype", "float32", "--quantized", "dequantize",
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == greedy_json[0]["text"] + "\n"

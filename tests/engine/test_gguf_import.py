@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,14 +22,15 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 from gguf import TokenType
-from safetensors import safe_open
-from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 
-import engine.gguf_import as gguf_import
+from engine import gguf_import
 from engine.default_model import default_gguf_path
 from engine.errors import ModelLoadError, TokenizerError, UnsupportedModelError
 from engine.gguf_import import MARKER_NAME, import_gguf
+from engine.linear import Linear
+from engine.loader import load_model, quantized_formats, read_weights, resolve_quantized_compute
+from engine.quant import QuantLinear, cpu_kernel_available, error_bound, quantize
 
 # --------------------------------------------------------------------------
 # Writing tiny GGUF files
@@ -295,6 +297,11 @@ def read_json(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def folder_weights(folder: Path) -> dict[str, np.ndarray]:
+    """The folder's weights as float32 arrays, quantized ones dequantized."""
+    return {name: tensor.numpy() for name, tensor in read_weights(folder).items()}
+
+
 # --------------------------------------------------------------------------
 # Tensors
 
@@ -304,15 +311,34 @@ def read_json(path: Path) -> Any:
     [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K],
     ids=lambda qtype: qtype.name,
 )
-def test_dequantizes_each_type_into_hf_layout(tmp_path: Path, qtype: Q) -> None:
+def test_imports_each_type_into_hf_layout(tmp_path: Path, qtype: Q) -> None:
     # K-quants need rows that are a multiple of 256.
     model = TinyModel(hidden=256, heads=4, kv_heads=2, ffn=256, layers=1)
     expected = write_gguf(tmp_path / "m.gguf", model, qtype=qtype)
-    tensors = load_file(import_gguf(tmp_path / "m.gguf", tmp_path / "out") / "model.safetensors")
+    folder = import_gguf(tmp_path / "m.gguf", tmp_path / "out")
+    tensors = folder_weights(folder)
     assert tensors.keys() == expected.keys()
+    formats = quantized_formats(folder)
+    kept = {Q.Q8_0: "q8_0", Q.Q4_0: "q4_0", Q.Q4_1: "q4_1"}
+    float_types = (Q.F32, Q.F16, Q.BF16)
+    if qtype in float_types:
+        assert formats == {}
+    else:
+        # Every matrix (embedding included) stays quantized, norms stay float.
+        assert set(formats) == {name for name, value in expected.items() if value.ndim == 2}
+        target = kept.get(qtype) or ("q4_1" if qtype in (Q.Q2_K, Q.Q3_K, Q.Q4_K) else "q8_0")
+        assert set(formats.values()) == {target}
+        section = read_json(folder / "config.json")["quantization"]
+        assert section["requantized"] == ({} if qtype in kept else {qtype.name: target})
     for name, want in expected.items():
         assert tensors[name].dtype == np.float32
-        np.testing.assert_array_equal(tensors[name], want, err_msg=name)
+        if qtype in kept or qtype in float_types or name not in formats:
+            # Blocks copied as they are: exactly what GGUF's dequantization gives.
+            np.testing.assert_array_equal(tensors[name], want, err_msg=name)
+        else:
+            # Requantized from the dequantized source, within the new format's bound.
+            bound = error_bound(quantize(torch.from_numpy(want), formats[name])).numpy()[:, None]
+            assert (np.abs(tensors[name] - want) <= bound).all(), name
     if qtype == Q.F32:
         # Lossless: every tensor, q/k rows included, is back exactly in HF layout.
         for name, original in model.hf_weights().items():
@@ -322,7 +348,7 @@ def test_dequantizes_each_type_into_hf_layout(tmp_path: Path, qtype: Q) -> None:
 def test_quantized_values_are_close_to_the_original(tmp_path: Path) -> None:
     model = TinyModel()
     write_gguf(tmp_path / "m.gguf", model, qtype=Q.Q8_0)
-    tensors = load_file(import_gguf(tmp_path / "m.gguf", tmp_path / "out") / "model.safetensors")
+    tensors = folder_weights(import_gguf(tmp_path / "m.gguf", tmp_path / "out"))
     for name, original in model.hf_weights().items():
         np.testing.assert_allclose(tensors[name], original, atol=0.01, err_msg=name)
 
@@ -333,7 +359,7 @@ def test_untied_output_is_written_as_lm_head(tmp_path: Path) -> None:
     folder = import_gguf(tmp_path / "m.gguf", tmp_path / "out")
     assert read_json(folder / "config.json")["tie_word_embeddings"] is False
     np.testing.assert_array_equal(
-        load_file(folder / "model.safetensors")["lm_head.weight"], model.hf_weights()["lm_head.weight"]
+        folder_weights(folder)["lm_head.weight"], model.hf_weights()["lm_head.weight"]
     )
 
 
@@ -341,7 +367,7 @@ def test_llama_biases_are_unpermuted_like_their_weights(tmp_path: Path) -> None:
     model = TinyModel(qkv_bias=True)
     write_gguf(tmp_path / "m.gguf", model)
     folder = import_gguf(tmp_path / "m.gguf", tmp_path / "out")
-    tensors = load_file(folder / "model.safetensors")
+    tensors = folder_weights(folder)
     for name, original in model.hf_weights().items():
         np.testing.assert_array_equal(tensors[name], original, err_msg=name)
     assert read_json(folder / "config.json")["attention_bias"] is True
@@ -351,7 +377,7 @@ def test_qwen2_rows_and_biases_are_stored_unpermuted(tmp_path: Path) -> None:
     model = TinyModel(arch="qwen2", qkv_bias=True, vocab=byte_level_vocab(pre="qwen2"))
     write_gguf(tmp_path / "q.gguf", model)
     folder = import_gguf(tmp_path / "q.gguf", tmp_path / "out")
-    tensors = load_file(folder / "model.safetensors")
+    tensors = folder_weights(folder)
     for name, original in model.hf_weights().items():
         np.testing.assert_array_equal(tensors[name], original, err_msg=name)
     config = read_json(folder / "config.json")
@@ -364,7 +390,7 @@ def test_tiny_models_match_transformers_gguf_loading(tmp_path: Path, arch: str) 
     transformers = pytest.importorskip("transformers")
     model = TinyModel(arch=arch, qkv_bias=arch == "qwen2", tied=False, vocab=byte_level_vocab(pre="qwen2"))
     write_gguf(tmp_path / "m.gguf", model, qtype=Q.Q8_0)
-    ours = load_file(import_gguf(tmp_path / "m.gguf", tmp_path / "out") / "model.safetensors")
+    ours = folder_weights(import_gguf(tmp_path / "m.gguf", tmp_path / "out"))
     reference = transformers.AutoModelForCausalLM.from_pretrained(
         tmp_path, gguf_file="m.gguf", dtype=torch.float32
     ).state_dict()
@@ -477,7 +503,7 @@ def test_llama3_rope_freqs_become_llama3_rope_scaling(tmp_path: Path) -> None:
         "high_freq_factor": 4.0,
         "original_max_position_embeddings": 8192,
     }
-    assert "rope_freqs.weight" not in load_file(folder / "model.safetensors")
+    assert "rope_freqs.weight" not in folder_weights(folder)
     # transformers, reading our config, rotates with llama.cpp's frequencies.
     inv_freq, _ = ROPE_INIT_FUNCTIONS["llama3"](transformers.AutoConfig.from_pretrained(folder), "cpu")
     base = 1 / 500000.0 ** (np.arange(0, 128, 2) / 128)
@@ -812,7 +838,7 @@ def test_concurrent_imports_agree(tmp_path: Path, tiny_gguf: Path) -> None:
         thread.join()
     assert results == [dest] * 3
     assert partials(tmp_path) == []
-    assert set(load_file(dest / "model.safetensors")) == set(TinyModel().hf_weights())
+    assert set(folder_weights(dest)) == set(TinyModel().hf_weights())
 
 
 # --------------------------------------------------------------------------
@@ -898,12 +924,15 @@ def test_default_tensors_match_transformers(default_model_dir: Path, transformer
     reference = transformers_model.state_dict()
     assert transformers_model.config.tie_word_embeddings
     del reference["lm_head.weight"]  # tied: the embedding itself
-    with safe_open(default_model_dir / "model.safetensors", framework="pt") as file:
-        assert set(file.keys()) == set(reference)
-        for name in file.keys():
-            tensor = file.get_tensor(name)
-            assert tensor.dtype == torch.float32
-            assert torch.equal(tensor, reference[name]), name
+    ours = read_weights(default_model_dir)
+    assert set(ours) == set(reference)
+    for name, tensor in ours.items():
+        assert torch.equal(tensor, reference[name]), name
+    # Q4_1 layers and the Q8_0 embedding stay quantized: the folder is the GGUF file's size.
+    formats = quantized_formats(default_model_dir)
+    assert formats["model.embed_tokens.weight"] == "q8_0"
+    assert formats["model.layers.0.mlp.down_proj.weight"] == "q4_1"
+    assert (default_model_dir / "model.safetensors").stat().st_size <= 1.05 * default_gguf_path().stat().st_size
 
 
 def test_default_config_matches_transformers(default_model_dir: Path, transformers_model: Any) -> None:
@@ -925,3 +954,19 @@ def test_default_config_matches_transformers(default_model_dir: Path, transforme
     assert ours["rope_theta"] == hf_config.rope_parameters["rope_theta"] == 100000.0
     assert ours["rms_norm_eps"] == 1e-05  # the original config's value, not float32(1e-5)
     assert "rope_scaling" not in ours
+
+
+def test_imported_weights_run_quantized_by_default_where_a_kernel_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_gguf(tmp_path / "m.gguf", qtype=Q.Q8_0)
+    model = load_model(import_gguf(tmp_path / "m.gguf", tmp_path / "out"), "cpu", "float32")
+    assert isinstance(model.layers[0].qkv, QuantLinear if cpu_kernel_available() else Linear)
+    # Without the GPU kernel (no triton): an imported model is dequantized,
+    # never refused, but weights quantized on request (--quantize) are not.
+    monkeypatch.setitem(sys.modules, "engine.triton_quant", None)
+    cuda = torch.device("cuda")
+    assert resolve_quantized_compute("auto", cuda) == "dequantize"
+    assert resolve_quantized_compute("kernel", cuda) == "dequantize"
+    with pytest.raises(ModelLoadError, match="Quantizing at load"):
+        resolve_quantized_compute("auto", cuda, asked=True)

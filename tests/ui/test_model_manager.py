@@ -247,3 +247,103 @@ def test_parameter_counts_read_like_model_names() -> None:
     assert [format_parameters(n) for n in (134_515_008, 7_241_732_096, 1_500_000, 494_032_768, 12_000)] == [
         "135M", "7.2B", "1.5M", "494M", "12K",
     ]
+
+
+# -- quantize at load ------------------------------------------------------------
+
+
+def test_a_float_folder_offers_quantize_at_load_kept_per_model(
+    qapp: Any, qtbot: Any, registry: ModelRegistry, model_folder: Path, tmp_path: Path
+) -> None:
+    dialog = ModelManagerDialog(registry)
+    qtbot.addWidget(dialog)
+    dialog.show()
+    dialog.set_engine_settings(device="cpu", dtype="float32", kv_cache_mb=1)
+    dialog.add_folder(model_folder)
+    choice = dialog.quantize_choice
+    assert choice.isVisible() and choice.currentText() == "Off"
+    assert "computed once at the next load, then cached" in dialog.quantize_note.text()
+    as_stored = dialog.detail_labels["memory"].text()
+    assert "as float32" in as_stored
+
+    # Keyboard only: Alt+Q reaches the choice, the arrow keys pick int4.
+    with qtbot.waitActive(dialog):
+        dialog.activateWindow()
+    dialog.model_list.setFocus()
+    qtbot.keyClick(dialog.model_list, Qt.Key.Key_Q, Qt.KeyboardModifier.AltModifier)
+    qtbot.waitUntil(choice.hasFocus, timeout=2000)
+    qtbot.keyClick(choice, Qt.Key.Key_Down)
+    qtbot.keyClick(choice, Qt.Key.Key_Down)
+    assert choice.currentData() == "int4"
+    assert registry.get("tiny-llama").quantize == "int4"
+    assert "it applies when it loads" in dialog.status_label.text()
+    memory = dialog.detail_labels["memory"].text()
+    assert "as q4_1+q8_0" in memory
+    assert registry.estimate_memory("tiny-llama", "cpu", "float32", 1).weights_bytes < (
+        registry.estimate_memory("tiny-llama", "cpu", "float32", 1, quantize=None).weights_bytes / 3
+    )
+    assert "then cached" in dialog.quantize_note.text() and "4-bit" in dialog.quantize_note.text()
+    assert not dialog.reload_button.isVisible()  # not loaded: nothing to reload
+    dialog.close()
+
+    # A new registry on the same file, a new dialog: the choice is still there.
+    reopened = ModelManagerDialog(ModelRegistry(registry.path))
+    qtbot.addWidget(reopened)
+    reopened.show()
+    reopened.refresh(select_id="tiny-llama")
+    assert reopened.quantize_choice.currentData() == "int4"
+
+
+def test_a_model_stored_quantized_shows_its_formats_instead(dialog: ModelManagerDialog) -> None:
+    assert dialog.selected_id() == "default"
+    assert not dialog.quantize_choice.isVisible()
+    assert dialog.quantize_note.text().startswith("Not needed: stored as q4_1 + q8_0 blocks")
+
+
+def test_changing_a_loaded_models_choice_applies_at_the_next_load_or_now(
+    qapp: Any, qtbot: Any, registry: ModelRegistry, model_folder: Path
+) -> None:
+    reloaded: list[str] = []
+    dialog = ModelManagerDialog(registry, is_loaded=lambda model_id: True, reload_model=reloaded.append)
+    qtbot.addWidget(dialog)
+    dialog.show()
+    dialog.add_folder(model_folder)
+    dialog.quantize_choice.setFocus()
+    qtbot.keyClick(dialog.quantize_choice, Qt.Key.Key_Down)
+    assert registry.get("tiny-llama").quantize == "int8"
+    assert dialog.status_label.text() == (
+        "“tiny-llama”: quantize at load set to int8 (8-bit); it applies the next time it loads "
+        "(or reload it now)."
+    )
+    assert "runs as before until the model loads again" in dialog.quantize_note.text()
+    assert dialog.reload_button.isVisible()
+    # Tab from the choice reaches the button; Space presses it.
+    with qtbot.waitActive(dialog):
+        dialog.activateWindow()
+    dialog.quantize_choice.setFocus()
+    qtbot.keyClick(dialog.quantize_choice, Qt.Key.Key_Tab)
+    assert dialog.reload_button.hasFocus()
+    qtbot.keyClick(dialog.reload_button, Qt.Key.Key_Space)
+    assert reloaded == ["tiny-llama"]
+    assert not dialog.reload_button.isVisible()
+
+
+def test_a_refused_choice_is_shown_and_the_saved_one_kept(
+    dialog: ModelManagerDialog, registry: ModelRegistry, model_folder: Path, tmp_path: Path, qtbot: Any
+) -> None:
+    from engine.loader import quantized_copy
+
+    dialog.add_folder(model_folder)
+    # The folder's files are replaced by a quantized copy behind the dialog's back.
+    copy = quantized_copy(model_folder, "int4", cache_dir=tmp_path / "copies")
+    shutil.rmtree(model_folder)
+    shutil.copytree(copy, model_folder)
+    dialog.quantize_choice.setFocus()
+    qtbot.keyClick(dialog.quantize_choice, Qt.Key.Key_Down)
+    box = dialog.error_box
+    assert box is not None and box.isVisible()
+    assert box.windowTitle() == "The quantize choice was not changed"
+    assert "stored as q4_1 + q8_0 blocks already" in box.text()
+    assert dialog.quantize_choice.currentText() == "Off"
+    assert registry.get("tiny-llama").quantize is None
+    box.accept()

@@ -1,0 +1,177 @@
+"""The native CPU path of quantized models (engine/native, LlamaModel._forward_native):
+each kernel against a plain torch reference, the whole path against the
+generic one, and batch invariance of quantized replies in deterministic mode."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine import native
+from engine.engine import Engine
+from engine.loader import load_model
+from engine.quant import FORMATS, product_error_bound, quantize
+from engine.runner import ModelRunner
+from engine.sampling import SamplingParams
+from engine.scheduler import ScheduledChunk, ScheduleResult
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="no C compiler to build the native kernels")
+
+
+def _rope_tables(length: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
+    freqs = torch.outer(torch.arange(length).float(), inv)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_decode_attention_matches_a_plain_softmax_over_the_pages(window: int | None) -> None:
+    gen = torch.Generator().manual_seed(0)
+    heads, kv_heads, dim, page = 6, 2, 16, 4
+    k_layer = torch.randn(10 * kv_heads, page, dim, generator=gen)
+    v_layer = torch.randn(10 * kv_heads, page, dim, generator=gen)
+    positions = torch.tensor([5, 9, 0])
+    table = torch.tensor([[3, 1, 0], [7, 2, 4], [6, 0, 0]])  # padded with page 0
+    qkv = torch.randn(3, (heads + 2 * kv_heads) * dim, generator=gen)
+    cos, sin = _rope_tables(16, dim)
+    before, k_before, v_before = qkv.clone(), k_layer.clone(), v_layer.clone()
+    out = torch.empty(3, heads * dim)
+    native.decode_attention(
+        qkv, heads, kv_heads, dim, cos, sin, positions, k_layer, v_layer, table, page, window, dim**-0.5, out
+    )
+    for b, pos in enumerate(positions.tolist()):
+        q = _rotate(before[b, : heads * dim].view(heads, dim), cos[pos], sin[pos])
+        k = _rotate(before[b, heads * dim : (heads + kv_heads) * dim].view(kv_heads, dim), cos[pos], sin[pos])
+        v = before[b, (heads + kv_heads) * dim :].view(kv_heads, dim)
+        slot_row = table[b, pos // page] * kv_heads
+        for h in range(kv_heads):  # the new token's k and v went to its slot
+            torch.testing.assert_close(k_layer[slot_row + h, pos % page], k[h])
+            torch.testing.assert_close(v_layer[slot_row + h, pos % page], v[h])
+            k_before[slot_row + h, pos % page], v_before[slot_row + h, pos % page] = k[h], v[h]
+        first = 0 if window is None else max(0, pos + 1 - window)
+        for hq in range(heads):
+            h = hq // (heads // kv_heads)
+            rows = [(table[b, j // page] * kv_heads + h, j % page) for j in range(first, pos + 1)]
+            keys = torch.stack([k_before[r, s] for r, s in rows])
+            values = torch.stack([v_before[r, s] for r, s in rows])
+            expected = torch.softmax(keys @ q[hq] * dim**-0.5, dim=-1) @ values
+            torch.testing.assert_close(out[b, hq * dim : (hq + 1) * dim], expected, atol=1e-5, rtol=1e-5)
+        # q and k were rotated in place.
+        torch.testing.assert_close(qkv[b, : heads * dim].view(heads, dim), q)
+
+
+def test_prefill_rows_are_rotated_and_written_to_their_cache_rows() -> None:
+    gen = torch.Generator().manual_seed(1)
+    heads, kv_heads, dim, page = 4, 2, 8, 4
+    k_layer = torch.zeros(6 * kv_heads * page, dim)
+    v_layer = torch.zeros(6 * kv_heads * page, dim)
+    positions = torch.tensor([0, 1, 2, 7])
+    write_rows = torch.tensor([[r * page + h * page + o for h in range(kv_heads)] for r, o in
+                               [(0, 0), (0, 1), (0, 2), (2 * kv_heads, 3)]]).reshape(-1)
+    qkv = torch.randn(4, (heads + 2 * kv_heads) * dim, generator=gen)
+    before = qkv.clone()
+    cos, sin = _rope_tables(8, dim)
+    native.rope_write_kv(qkv, heads, kv_heads, dim, cos, sin, positions, k_layer, v_layer, write_rows)
+    for t, pos in enumerate(positions.tolist()):
+        rotated = _rotate(before[t, : (heads + kv_heads) * dim].view(-1, dim), cos[pos], sin[pos])
+        torch.testing.assert_close(qkv[t, : (heads + kv_heads) * dim].view(-1, dim), rotated)
+        for h in range(kv_heads):
+            row = int(write_rows[t * kv_heads + h])
+            torch.testing.assert_close(k_layer[row], rotated[heads + h])
+            torch.testing.assert_close(v_layer[row], before[t, (heads + kv_heads + h) * dim :][:dim])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_fused_input_operations_and_accumulation(fmt: str) -> None:
+    gen = torch.Generator().manual_seed(2)
+    weight = quantize(torch.randn(40, 128, generator=gen), fmt)
+    x = torch.randn(6, 128, generator=gen)
+    norm = 1 + 0.1 * torch.randn(128, generator=gen)
+    out = torch.empty(6, 40)
+    native.quant_matmul_into(fmt, x, weight.data, weight.scales, weight.mins, None, out,
+                             input_op="rms_norm", norm_weight=norm, eps=1e-5)
+    normed = F.rms_norm(x, (128,), norm, 1e-5)
+    bound = product_error_bound(normed, weight, exact_weights=True) + 1e-4
+    assert ((out - normed @ weight.dequantize().T).abs() <= bound).all()
+
+    pair = torch.randn(6, 256, generator=gen)
+    residual = torch.randn(6, 40, generator=gen)
+    before = residual.clone()
+    native.quant_matmul_into(fmt, pair, weight.data, weight.scales, weight.mins, None, residual,
+                             input_op="swiglu", accumulate=True)
+    gated = F.silu(pair[:, :128]) * pair[:, 128:]
+    bound = product_error_bound(gated, weight, exact_weights=True) + 1e-4
+    assert ((residual - before - gated @ weight.dequantize().T).abs() <= bound).all()
+    # What the float path of long prompts computes: the same inputs, rounded the same way.
+    prepared = native.prepare_inputs(pair, 128, input_op="swiglu")
+    torch.testing.assert_close(prepared @ weight.dequantize().T, residual - before, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_each_row_of_a_product_is_the_same_bits_alone(fmt: str) -> None:
+    gen = torch.Generator().manual_seed(3)
+    weight = quantize(torch.randn(70, 256, generator=gen), fmt)
+    x = torch.randn(11, 256, generator=gen)  # two blocks of four rows and three single rows
+    together = native.quant_matmul(fmt, x, weight.data, weight.scales, weight.mins, None)
+    for i in range(11):
+        alone = native.quant_matmul(fmt, x[i : i + 1], weight.data, weight.scales, weight.mins, None)
+        assert torch.equal(alone[0], together[i]), i
+
+
+# --------------------------------------------------------------------------
+# The whole path
+
+
+@pytest.fixture(scope="module")
+def quantized_tiny(tiny_model_dir: Path):
+    return load_model(tiny_model_dir, "cpu", "float32", quantize="int4")
+
+
+def _mixed_step_logits(model, native_path: bool) -> torch.Tensor:
+    """Logits of one step holding a decode and a prefill chunk that continues a cached prompt."""
+    model.native_forward = native_path
+    try:
+        runner = ModelRunner(model, model.new_kv_cache(16, 4))
+        first = SimpleNamespace(token_ids=list(range(3, 14)), pages=[4, 1, 9], sampler=None)
+        second = SimpleNamespace(token_ids=list(range(20, 33)), pages=[2, 7, 5, 11], sampler=None)
+        runner.forward(ScheduleResult(decodes=[], prefills=[ScheduledChunk(first, 0, 10), ScheduledChunk(second, 0, 6)]))
+        step = ScheduleResult(decodes=[ScheduledChunk(first, 10, 1)], prefills=[ScheduledChunk(second, 6, 7)])
+        hidden, _, _ = runner.forward(step)
+        return model.logits(hidden)
+    finally:
+        model.native_forward = True
+
+
+def test_native_path_computes_what_the_generic_path_computes(quantized_tiny) -> None:
+    assert quantized_tiny.native_forward
+    fast = _mixed_step_logits(quantized_tiny, native_path=True)
+    generic = _mixed_step_logits(quantized_tiny, native_path=False)
+    # Both round inputs to int8 groups, from norms and activations computed
+    # in different code: equal up to a rounding flip here and there.
+    cosine = F.cosine_similarity(fast, generic, dim=-1)
+    assert cosine.min() > 0.999, cosine
+    assert (fast - generic).abs().max() <= 0.05 * generic.abs().max()
+
+
+def test_quantized_replies_do_not_depend_on_the_batch_in_deterministic_mode(default_model_dir: Path) -> None:
+    questions = ["What is the capital of France?", "Write a haiku about the sea.", "Name a fruit that is yellow."]
+    chats = [[{"role": "user", "content": q}] for q in questions]
+    greedy = SamplingParams(temperature=0.0, max_tokens=16)
+    seeded = SamplingParams(temperature=0.9, top_p=0.95, seed=1234, max_tokens=16)
+    with Engine(default_model_dir, device="cpu", deterministic=True) as engine:
+        assert engine.stats().weights.endswith("(kernel)")
+        alone = [engine.generate_outputs([c], greedy)[0].token_ids for c in chats]
+        alone_seeded = engine.generate_outputs([chats[0]], seeded)[0].token_ids
+        batch = engine.generate_outputs(chats + [chats[0]], [greedy] * len(chats) + [seeded])
+    assert [o.token_ids for o in batch[:-1]] == alone
+    assert batch[-1].token_ids == alone_seeded

@@ -1,0 +1,247 @@
+"""Block-quantized weights: formats, the quantized product, and loading
+GGUF-imported folders with their weights kept quantized."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from safetensors.torch import save_file
+
+from engine import loader
+from engine.errors import ModelLoadError
+from engine.gguf_import import import_gguf
+from engine.linear import Linear
+from engine.loader import load_model, quantized_copy, quantized_formats, read_weights
+from engine.quant import (
+    FORMATS,
+    GROUP_SIZE,
+    DEQUANTIZE_ROWS,
+    QuantizedTensor,
+    QuantLinear,
+    error_bound,
+    product_error_bound,
+    quantize,
+    take_rows,
+)
+from engine.runner import ModelRunner
+from engine.scheduler import ScheduledChunk, ScheduleResult
+from tests.engine.test_gguf_import import TinyModel, write_gguf
+
+
+
+def _weight(rows: int = 96, cols: int = 128, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(rows, cols, generator=gen)
+    w[0, :GROUP_SIZE] = 0  # an all-zero group: scale 0 must not divide by zero
+    w[1, 5] = 40.0  # an outlier stretches its group's scale
+    return w
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_quantize_error_is_within_the_format_bound(fmt: str) -> None:
+    w = _weight()
+    q = quantize(w, fmt)
+    assert q.shape == tuple(w.shape)
+    err = (q.dequantize() - w).abs().amax(-1)
+    assert (err <= error_bound(q)).all()
+    assert q.dequantize()[0, :GROUP_SIZE].eq(0).all()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("rows", [1, 5, 16, DEQUANTIZE_ROWS - 1, DEQUANTIZE_ROWS])
+def test_quantized_product_is_within_the_format_bound(fmt: str, rows: int) -> None:
+    w = _weight()
+    q = quantize(w, fmt)
+    bias = torch.randn(w.shape[0])
+    x = torch.randn(rows, w.shape[1], generator=torch.Generator().manual_seed(1))
+    x[0, 3] = 25.0  # an input outlier coarsens its group's int8 step
+    got = QuantLinear(q, bias)(x)
+    # Against the original float weight: the weights' rounding plus, on the
+    # kernel's path, the inputs' rounding to int8 groups.
+    err = (got - (x @ w.T + bias)).abs()
+    assert (err <= product_error_bound(x, q)).all()
+    # Against the weight as stored: only the inputs' rounding remains.
+    exact = (got - (x @ q.dequantize().T + bias)).abs()
+    assert (exact <= product_error_bound(x, q, exact_weights=True)).all()
+
+
+def test_the_kernel_rounds_inputs_like_llama_cpp() -> None:
+    # One-hot inputs are exact in int8 groups, so the product reads the
+    # weight's levels back: -127..127 of q8_0 must survive.
+    levels = torch.tensor([-127, -128 + 1, -16, -1, 0, 1, 15, 16, 127], dtype=torch.int8)
+    data = levels.repeat(64)[: 2 * 128].view(2, 128)
+    q = QuantizedTensor("q8_0", data, torch.full((2, 4), 0.5, dtype=torch.float16))
+    layer = QuantLinear(q)
+    for rows in torch.eye(128).split(8):  # the kernel's path
+        torch.testing.assert_close(layer(rows), rows @ q.dequantize().T, atol=1e-6, rtol=1e-6)
+
+
+def test_rows_that_are_not_a_multiple_of_the_kernel_block_are_computed() -> None:
+    q = quantize(_weight(rows=37), "q4_1")
+    x = torch.randn(3, 128)
+    got = QuantLinear(q)(x)
+    assert got.shape == (3, 37)
+    assert ((got - x @ q.dequantize().T).abs() <= product_error_bound(x, q, exact_weights=True)).all()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_tiled_product_does_not_depend_on_the_batch(fmt: str) -> None:
+    layer = QuantLinear(quantize(_weight(), fmt))
+    x = torch.randn(21, 128, generator=torch.Generator().manual_seed(2))
+    together = layer.tiled(x, 16)
+    for i in (0, 7, 20):
+        assert torch.equal(layer.tiled(x[i : i + 1], 16)[0], together[i])
+
+
+def test_embedding_rows_are_the_dequantized_rows() -> None:
+    for fmt in FORMATS:
+        q = quantize(_weight(), fmt)
+        ids = torch.tensor([[3, 0], [95, 3]])
+        torch.testing.assert_close(take_rows(q, ids), q.dequantize()[ids], atol=0, rtol=0)
+        torch.testing.assert_close(q.take_rows(ids), q.dequantize()[ids], atol=0, rtol=0)
+
+
+def test_inconsistent_quantized_tensor_is_refused() -> None:
+    with pytest.raises(ValueError, match="scales"):
+        QuantizedTensor("q4_0", torch.zeros(4, 32, dtype=torch.uint8), torch.zeros(4, 3, dtype=torch.float16))
+    with pytest.raises(ValueError, match="mins"):
+        QuantizedTensor("q4_1", torch.zeros(4, 16, dtype=torch.uint8), torch.zeros(4, 1, dtype=torch.float16))
+
+
+# --------------------------------------------------------------------------
+# GGUF files through the importer and the loader
+
+
+def _logits(model, ids: list[int]) -> torch.Tensor:
+    runner = ModelRunner(model, model.new_kv_cache(8, 4))
+    seq = SimpleNamespace(token_ids=ids, pages=list(range(8)), sampler=None)
+    chunk = ScheduledChunk(seq, 0, len(ids))  # type: ignore[arg-type]
+    hidden, _, _ = runner.forward(ScheduleResult(decodes=[], prefills=[chunk]))
+    return model.logits(hidden)
+
+
+def assert_same_model(kernel: torch.Tensor, reference: torch.Tensor) -> None:
+    """Logits of the quantized kernels against the same weights run in float.
+    The kernels round every product's inputs to int8 groups (a relative
+    error of ~0.2% per input), so they agree closely but not exactly; a
+    wrong layout, scale or offset anywhere gives unrelated logits."""
+    cosine = torch.nn.functional.cosine_similarity(kernel, reference, dim=-1)
+    assert cosine.min() > 0.999, cosine
+    assert (kernel - reference).abs().max() <= 0.05 * reference.abs().max()
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K], ids=lambda q: q.name)
+def test_gguf_weights_run_quantized(tmp_path: Path, qtype: Q) -> None:
+    hidden = 256 if qtype == Q.Q4_K else 64  # K-quants need rows of 256
+    tiny = TinyModel(hidden=hidden, ffn=hidden, tied=qtype != Q.Q4_0)
+    write_gguf(tmp_path / "m.gguf", tiny, qtype=qtype)
+    folder = import_gguf(tmp_path / "m.gguf", tmp_path / "out")
+    assert quantized_formats(folder)
+    dequantized = load_model(folder, "cpu", "float32", quantized="dequantize")
+    kept = load_model(folder, "cpu", "float32")  # "auto": the kernels, where they build
+    assert isinstance(dequantized.layers[0].qkv, Linear)
+    assert isinstance(kept.layers[0].qkv, QuantLinear)
+    assert isinstance(kept.lm_head, QuantLinear)
+    assert isinstance(kept.embed, QuantizedTensor)
+    rng = random.Random(0)
+    ids = [rng.randrange(tiny.hidden) for _ in range(9)]
+    # The same weights, exactly represented: only summation order differs.
+    assert_same_model(_logits(kept, ids), _logits(dequantized, ids))
+
+
+def test_unknown_quantized_compute_is_refused(tmp_path: Path) -> None:
+    write_gguf(tmp_path / "m.gguf", TinyModel(), qtype=Q.Q8_0)
+    folder = import_gguf(tmp_path / "m.gguf", tmp_path / "out")
+    with pytest.raises(ModelLoadError, match="quantized compute"):
+        load_model(folder, "cpu", "float32", quantized="fastest")
+
+
+def test_folder_of_an_unknown_quantization_version_is_refused(tmp_path: Path) -> None:
+    write_gguf(tmp_path / "m.gguf", TinyModel(), qtype=Q.Q4_1)
+    folder = import_gguf(tmp_path / "m.gguf", tmp_path / "out")
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization"]["version"] = 99
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="import the GGUF file again"):
+        load_model(folder, "cpu", "float32")
+
+
+def test_old_dequantized_import_still_loads(tmp_path: Path) -> None:
+    # Importer version 1 wrote every tensor as float32 and no quantization section.
+    write_gguf(tmp_path / "m.gguf", TinyModel(), qtype=Q.Q4_1)
+    folder = import_gguf(tmp_path / "m.gguf", tmp_path / "out")
+    kept = load_model(folder, "cpu", "float32", quantized="kernel")
+    save_file({name: t.contiguous() for name, t in read_weights(folder).items()}, str(folder / "model.safetensors"))
+    config = json.loads((folder / "config.json").read_text())
+    del config["quantization"]
+    (folder / "config.json").write_text(json.dumps(config))
+    old = load_model(folder, "cpu", "float32", quantized="kernel")
+    assert isinstance(old.layers[0].qkv, Linear)
+    ids = [5, 9, 2, 33]
+    assert_same_model(_logits(kept, ids), _logits(old, ids))
+
+
+# --------------------------------------------------------------------------
+# Quantizing a float checkpoint at load (--quantize)
+
+
+@pytest.mark.parametrize(("mode", "fmt"), [("int8", "q8_0"), ("int4", "q4_1")])
+def test_quantize_a_float_checkpoint(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, fmt: str
+) -> None:
+    monkeypatch.setenv("TANDEM_DATA_DIR", str(tmp_path))
+    model = load_model(tiny_model_dir, "cpu", "float32", quantize=mode)
+    assert isinstance(model.layers[0].gate_up, QuantLinear)
+    assert model.layers[0].gate_up.format == fmt
+    assert isinstance(model.embed, QuantizedTensor) and model.embed.format == "q8_0"
+    (copy,) = [p for p in (tmp_path / "models").iterdir() if not p.name.startswith(".")]
+    assert copy.name.startswith(f"{tiny_model_dir.name}-{mode}-")
+    assert (copy / "tokenizer.json").is_file()
+    original, quantized = read_weights(tiny_model_dir), read_weights(copy)
+    formats = quantized_formats(copy)
+    assert set(quantized) == set(original)
+    for name, weight in original.items():
+        if name in formats:
+            bound = error_bound(quantize(weight, formats[name]))
+            assert ((quantized[name] - weight).abs().amax(-1) <= bound).all(), name
+        else:
+            assert weight.ndim == 1 and torch.equal(quantized[name], weight), name
+    ids = [3, 17, 5, 99]
+    reference = load_model(copy, "cpu", "float32", quantized="dequantize")
+    assert_same_model(_logits(model, ids), _logits(reference, ids))
+
+
+def test_quantized_copy_is_cached_until_the_source_changes(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    for entry in tiny_model_dir.iterdir():
+        if entry.is_file():
+            (source / entry.name).write_bytes(entry.read_bytes())
+    first = quantized_copy(source, "int4", cache_dir=tmp_path / "cache")
+    written = (first / "model.safetensors").stat().st_mtime_ns
+
+    def no_quantizing(*args: object, **kwargs: object) -> None:
+        raise AssertionError("quantized again")
+
+    monkeypatch.setattr(loader, "quantize_weight", no_quantizing)
+    assert quantized_copy(source, "int4", cache_dir=tmp_path / "cache") == first
+    assert (first / "model.safetensors").stat().st_mtime_ns == written
+    monkeypatch.undo()
+    weights = source / "model.safetensors"
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+    assert quantized_copy(source, "int4", cache_dir=tmp_path / "cache") == first
+    assert (first / "model.safetensors").stat().st_mtime_ns != written
+
+
+def test_unknown_quantize_mode_is_refused(tiny_model_dir: Path) -> None:
+    with pytest.raises(ModelLoadError, match="int8, int4"):
+        load_model(tiny_model_dir, "cpu", "float32", quantize="int3")
