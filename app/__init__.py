@@ -47,9 +47,11 @@ app.local_server  LocalServer: serve the loaded engines over the OpenAI API.
 
 Workspace API (additions to the agreed contract are marked +)
 -------------------------------------------------------------
-    Workspace(settings=None, *, engine=None, resolve_model=None)
+    Workspace(settings=None, *, engine=None, resolve_model=None, model_options=None)
         # engine: an already loaded Engine for settings.model;
-        # resolve_model(model_id) -> what Engine(model=...) takes
+        # resolve_model(model_id) -> what Engine(model=...) takes;
+        # + model_options(model_id) -> that model's own Engine arguments
+        #   (the registry's "Quantize at load" choice: {"quantize": "int4"})
     Each local pane runs conversation.model_id; panes on one model share one
     engine (workspace.slots: model id -> ModelSlot). load_model(id) /
     unload_model(id), engine_for(id), model_state(id), pane_model_state(pane),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import gc
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -19,6 +20,23 @@ T = TypeVar("T")
 def _private_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Whatever a test does, the user's own settings stay untouched.
     monkeypatch.setenv("TANDEM_CONFIG_DIR", str(tmp_path / "config"))
+
+
+@pytest.fixture(autouse=True)
+def _qt_garbage_is_collected_on_the_gui_thread() -> Iterator[None]:
+    """Python's cyclic collector runs in whichever thread happens to cross
+    its threshold. When an engine thread collects a finished test's widgets,
+    their C++ objects are deleted off the GUI thread, and the Qt event loop
+    of a later test crashes on them (seen: SIGSEGV in the GUI thread inside
+    the qasync loop while an engine thread ran). So automatic collection is
+    off while a UI test runs, and its garbage is collected here, on the GUI
+    thread, once its fixtures have closed their windows."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.collect()
 
 
 @pytest.fixture
