@@ -80,7 +80,9 @@ rm -rf build/archive
 
 echo "build.sh: bundle $(du -sh "$BUNDLE" | cut -f1) in $BUNDLE; archive $(du -h "dist/$NAME.tar.gz" | cut -f1) in dist/$NAME.tar.gz"
 echo "build.sh: biggest parts:"
-du -a "$BUNDLE/_internal" --max-depth 1 | sort -rn | head -12 | awk '{printf "    %6.0f MB  %s\n", $1/1024, $2}'
+# awk reads the whole listing (head would close the pipe early, and under
+# pipefail sort's SIGPIPE would fail the build).
+du -a "$BUNDLE/_internal" --max-depth 1 | sort -rn | awk 'NR <= 12 {printf "    %6.0f MB  %s\n", $1/1024, $2}'
 
 if [ "$SMOKE" = 1 ]; then
     packaging/smoke_frozen.sh "$BUNDLE"
