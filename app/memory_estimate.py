@@ -243,9 +243,9 @@ def estimate_memory(
     blocks = stored or QuantizedWeights()
     if quantize is not None and not blocks:
         blocks = QuantizedWeights.planned(shape, quantize)
-        run_quantized = resolve_quantized_compute(quantized, dev, asked=True) == "kernel"
+        run_quantized = resolve_quantized_compute(quantized, dev, asked=True, probe=False) == "kernel"
     elif blocks:
-        run_quantized = resolve_quantized_compute(quantized, dev) == "kernel"
+        run_quantized = resolve_quantized_compute(quantized, dev, probe=False) == "kernel"
     else:
         run_quantized = False
 

@@ -22,6 +22,7 @@ here by fixing the shape from outside instead of writing the kernel.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -53,16 +54,23 @@ class Linear:
         """The same product, computed on tiles of exactly `rows` rows (the
         last one zero-padded): each row's result is then the same whatever
         the batch it arrives in. x: [M, weight.shape[1]]."""
-        count = x.shape[0]
-        padded = -(-count // rows) * rows
-        if padded != count:
-            x = torch.cat((x, x.new_zeros(padded - count, x.shape[1])))
-        if padded == rows:
-            return self(x)[:count]
-        out = x.new_empty(padded, self.out_features)
-        for start in range(0, padded, rows):
-            out[start : start + rows] = self(x[start : start + rows])
-        return out[:count]
+        return tiled_product(self, x, rows)
+
+
+def tiled_product(product: Any, x: torch.Tensor, rows: int) -> torch.Tensor:
+    """product(x) on tiles of exactly `rows` rows (the last zero-padded), for
+    any product (`__call__`, `out_features`) whose kernel picks its
+    algorithm by shape."""
+    count = x.shape[0]
+    padded = -(-count // rows) * rows
+    if padded != count:
+        x = torch.cat((x, x.new_zeros(padded - count, x.shape[1])))
+    if padded == rows:
+        return product(x)[:count]
+    out = x.new_empty(padded, product.out_features)
+    for start in range(0, padded, rows):
+        out[start : start + rows] = product(x[start : start + rows])
+    return out[:count]
 
 
 def cpu_weight_packing(dtype: torch.dtype) -> bool:

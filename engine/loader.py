@@ -52,6 +52,7 @@ from engine.quant import (
     QuantizedTensor,
     QuantLinear,
     cpu_kernel_available,
+    cpu_kernel_expected,
 )
 from engine.quant import (
     quantize as quantize_weight,
@@ -247,15 +248,19 @@ def quantized_formats(folder: Path) -> dict[str, str]:
     return dict(tensors)
 
 
-def resolve_quantized_compute(quantized: str, device: torch.device, asked: bool = False) -> str:
+def resolve_quantized_compute(
+    quantized: str, device: torch.device, asked: bool = False, *, probe: bool = True
+) -> str:
     """"kernel" or "dequantize" for a folder with quantized weights on
     `device`; `asked`: the caller quantized them (`quantize`), for the
-    memory, so they are never silently dequantized."""
+    memory, so they are never silently dequantized. `probe=False` predicts
+    instead of building and checking the CPU kernels (a memory estimate on
+    the GUI thread must not wait for a compiler)."""
     if quantized not in QUANTIZED_COMPUTE:
         raise ModelLoadError(f"Unknown quantized compute '{quantized}': use {', '.join(QUANTIZED_COMPUTE)}")
     if quantized == "dequantize":
         return "dequantize"
-    if quantized_kernel_available(device):
+    if quantized_kernel_available(device, probe=probe):
         return "kernel"
     if asked:
         raise ModelLoadError(
@@ -273,10 +278,10 @@ def resolve_quantized_compute(quantized: str, device: torch.device, asked: bool 
     return "dequantize"
 
 
-def quantized_kernel_available(device: torch.device) -> bool:
+def quantized_kernel_available(device: torch.device, *, probe: bool = True) -> bool:
     """Whether block-quantized weights can run quantized on `device`."""
     if device.type == "cpu":
-        return cpu_kernel_available()
+        return cpu_kernel_available() if probe else cpu_kernel_expected()
     if device.type != "cuda":
         return False
     try:

@@ -26,7 +26,7 @@ from engine import native
 from engine.attention import AttentionMetadata, KVCache, paged_attention, prefill_attention
 from engine.config import ModelConfig, rope_inverse_frequencies
 from engine.linear import Linear
-from engine.quant import DEQUANTIZE_ROWS, ConcatLinear, QuantizedTensor, QuantLinear, dequantize_fast, take_rows
+from engine.quant import ConcatLinear, QuantizedTensor, QuantLinear, take_rows
 
 # Anything with __call__(x) and tiled(x, rows): engine.linear.Linear, or the
 # weight-only quantized layers of engine.quant.
@@ -91,7 +91,6 @@ class LlamaModel:
         self._rope_cache_len = 0
         self._cos = self._sin = torch.empty(0)
         self.batch_invariant = False
-        self._bound: list[tuple] | None = None
         # Whether steps may run the native CPU path (_forward_native): every
         # product quantized, on the CPU.
         self.native_forward = self.device.type == "cpu" and all(
@@ -172,21 +171,6 @@ class LlamaModel:
             x = x + self._product(layer.down, F.silu(gate) * up)
         return F.rms_norm(x, norm_shape, self.norm, eps)
 
-    def _bound_layers(self) -> list[tuple]:
-        """Per layer, its four products bound to the native kernel and its
-        norms' data pointers: resolved once, reused by every step."""
-        if self._bound is None:
-            def bind(linear: QuantLinear) -> native.BoundProduct:
-                w = linear.weight
-                return native.BoundProduct(w.format, w.data, w.scales, w.mins, linear.bias)
-
-            self._bound = [
-                (bind(layer.qkv), bind(layer.o), bind(layer.gate_up), bind(layer.down),
-                 layer.input_norm.data_ptr(), layer.post_norm.data_ptr())
-                for layer in self.layers
-            ]
-        return self._bound
-
     def _forward_native(
         self,
         input_ids: torch.Tensor,
@@ -206,7 +190,7 @@ class LlamaModel:
         Every row-wise operation is the same C code whatever the step holds,
         and the products compute each row alone, so a sequence's tokens come
         out the same alone or beside others (products of DEQUANTIZE_ROWS
-        rows or more aside: see _native_product)."""
+        rows or more aside: see QuantLinear)."""
         c = self.config
         if isinstance(self.embed, QuantizedTensor):
             x = take_rows(self.embed, input_ids)
@@ -222,15 +206,9 @@ class LlamaModel:
         heads, kv_heads, head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         decodes = meta.num_decode
         prefill_rows = slice(decodes, tokens)
-        threads = torch.get_num_threads()
-        small = tokens < DEQUANTIZE_ROWS
-        for index, (layer, bound) in enumerate(zip(self.layers, self._bound_layers())):
+        for index, layer in enumerate(self.layers):
             k_layer, v_layer = cache.k[index], cache.v[index]
-            qkv_product, o_product, gate_up_product, down_product, input_norm, post_norm = bound
-            if small:
-                qkv_product(x, qkv, threads, RMS_NORM, input_norm, eps)
-            else:
-                _native_product(layer.qkv, x, qkv, input_op="rms_norm", norm_weight=layer.input_norm, eps=eps)
+            layer.qkv.product_into(x, qkv, input_op="rms_norm", norm_weight=layer.input_norm, eps=eps)
             if decodes:
                 assert meta.decode_pages is not None
                 native.decode_attention(
@@ -253,53 +231,15 @@ class LlamaModel:
                         v[rows].reshape(-1, kv_heads, head_dim),
                         k_layer, v_layer, chunk, self.scale,
                     )
-            if small:
-                o_product(attn, x, threads, accumulate=True)
-                gate_up_product(x, gate_up, threads, RMS_NORM, post_norm, eps)
-                down_product(gate_up, x, threads, SWIGLU, accumulate=True)
-            else:
-                _native_product(layer.o, attn, x, accumulate=True)
-                _native_product(layer.gate_up, x, gate_up, input_op="rms_norm", norm_weight=layer.post_norm, eps=eps)
-                _native_product(layer.down, gate_up, x, input_op="swiglu", accumulate=True)
+            layer.o.product_into(attn, x, accumulate=True)
+            layer.gate_up.product_into(x, gate_up, input_op="rms_norm", norm_weight=layer.post_norm, eps=eps)
+            layer.down.product_into(gate_up, x, input_op="swiglu", accumulate=True)
         return F.rms_norm(x, (c.hidden_size,), self.norm, eps)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> float32 logits [N, vocab]."""
         return self._product(self.lm_head, hidden.to(self.dtype)).float()
-
-
-RMS_NORM, SWIGLU = native.INPUT_OPS["rms_norm"], native.INPUT_OPS["swiglu"]
-
-
-def _native_product(
-    linear: QuantLinear,
-    x: torch.Tensor,
-    out: torch.Tensor,
-    *,
-    input_op: str | None = None,
-    norm_weight: torch.Tensor | None = None,
-    eps: float = 0.0,
-    accumulate: bool = False,
-) -> None:
-    """out (+)= op(x) @ W.T on the native kernel; a product of
-    DEQUANTIZE_ROWS rows or more (a long prompt) is compute-bound, so it runs
-    as a float GEMM on the dequantized weight with the kernel's input
-    rounding (engine.quant.QuantLinear): the same product up to summation
-    order."""
-    w = linear.weight
-    if x.shape[0] < DEQUANTIZE_ROWS:
-        native.quant_matmul_into(
-            w.format, x, w.data, w.scales, w.mins, linear.bias, out,
-            input_op=input_op, norm_weight=norm_weight, eps=eps, accumulate=accumulate,
-        )
-        return
-    rounded = native.prepare_inputs(x, linear.in_features, input_op=input_op, norm_weight=norm_weight, eps=eps)
-    y = F.linear(rounded, dequantize_fast(w), linear.bias)
-    if accumulate:
-        out.add_(y)
-    else:
-        out.copy_(y)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int) -> torch.Tensor:

@@ -225,21 +225,6 @@ def product_error_bound(x: torch.Tensor, q: QuantizedTensor, *, exact_weights: b
 # Running them
 
 
-def _tiled(linear, x: torch.Tensor, rows: int) -> torch.Tensor:
-    """Products on tiles of exactly `rows` rows (the last zero-padded), for
-    layers whose kernels pick their algorithm by shape."""
-    count = x.shape[0]
-    padded = -(-count // rows) * rows
-    if padded != count:
-        x = torch.cat((x, x.new_zeros(padded - count, x.shape[1])))
-    if padded == rows:
-        return linear(x)[:count]
-    out = x.new_empty(padded, linear.out_features)
-    for start in range(0, padded, rows):
-        out[start : start + rows] = linear(x[start : start + rows])
-    return out[:count]
-
-
 class QuantLinear:
     """y = x @ W.T + bias with W kept block-quantized: one copy, the
     QuantizedTensor itself, read directly by the native kernel
@@ -256,7 +241,7 @@ class QuantLinear:
     prompt does not change its reply with the batch it arrives in.
     """
 
-    __slots__ = ("bias", "format", "in_features", "out_features", "weight")
+    __slots__ = ("_bound", "bias", "format", "in_features", "out_features", "weight")
 
     def __init__(self, weight: QuantizedTensor, bias: torch.Tensor | None = None) -> None:
         if weight.data.device.type != "cpu":
@@ -270,27 +255,57 @@ class QuantLinear:
             None if weight.mins is None else weight.mins.contiguous(),
         )
         self.bias = None if bias is None else bias.float().contiguous()
+        self._bound: native.BoundProduct | None = None  # bound at the first product
 
     @property
     def nbytes(self) -> int:
         return self.weight.nbytes
 
-    def _kernel(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight
-        y = native.quant_matmul(self.format, x.float(), w.data, w.scales, w.mins, self.bias)
-        return y if x.dtype == torch.float32 else y.to(x.dtype)
+    def product_into(
+        self,
+        x: torch.Tensor,
+        out: torch.Tensor,
+        *,
+        input_op: str | None = None,
+        norm_weight: torch.Tensor | None = None,
+        eps: float = 0.0,
+        accumulate: bool = False,
+        kernel_only: bool = False,
+    ) -> None:
+        """out (+)= op(x) @ W.T + bias, float32 rows, in place: op is None,
+        "rms_norm" (times norm_weight) or "swiglu" (x holds gate then up);
+        with `accumulate` the product is added to out (a residual stream).
+        The steps of LlamaModel's native path are these calls.
+        `kernel_only`: never the dequantized path (batch invariance)."""
+        if x.stride(1) != 1:
+            x = x.contiguous()
+        if kernel_only or x.shape[0] < DEQUANTIZE_ROWS:
+            if self._bound is None:
+                w = self.weight
+                self._bound = native.BoundProduct(w.format, w.data, w.scales, w.mins, self.bias)
+            norm = None if norm_weight is None else norm_weight.data_ptr()
+            self._bound(x, out, torch.get_num_threads(), native.INPUT_OPS[input_op], norm, eps, accumulate)
+            return
+        rounded = native.prepare_inputs(x, self.in_features, input_op=input_op, norm_weight=norm_weight, eps=eps)
+        y = F.linear(rounded, dequantize_fast(self.weight), self.bias)
+        if accumulate:
+            out.add_(y)
+        else:
+            out.copy_(y)
+
+    def _product(self, x: torch.Tensor, kernel_only: bool) -> torch.Tensor:
+        out = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
+        self.product_into(x.float(), out, kernel_only=kernel_only)
+        return out if x.dtype == torch.float32 else out.to(x.dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] >= DEQUANTIZE_ROWS:
-            y = F.linear(native.prepare_inputs(x.float(), self.in_features), dequantize_fast(self.weight), self.bias)
-            return y if x.dtype == torch.float32 else y.to(x.dtype)
-        return self._kernel(x)
+        return self._product(x, kernel_only=False)
 
     def tiled(self, x: torch.Tensor, rows: int) -> torch.Tensor:
         """As engine.linear.Linear.tiled: each row's result is independent of
         the batch. The kernel computes every row alone in one fixed order, so
         no tiling is needed; it simply never hands large products to oneDNN."""
-        return self._kernel(x)
+        return self._product(x, kernel_only=True)
 
 
 def dequantize_fast(weight: QuantizedTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -339,6 +354,13 @@ def cpu_kernel_available() -> bool:
 
 
 _kernel_works: bool | None = None
+
+
+def cpu_kernel_expected() -> bool:
+    """cpu_kernel_available()'s answer where it is known, else a prediction
+    that builds and runs nothing (engine.native.likely_available): for
+    estimates made on the GUI thread."""
+    return _kernel_works if _kernel_works is not None else native.likely_available()
 
 
 def _check_kernel() -> bool:

@@ -39,7 +39,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.quant import GROUP_SIZE, QuantizedTensor, _tiled
+from engine.linear import tiled_product
+from engine.quant import GROUP_SIZE, QuantizedTensor
 
 try:
     import triton
@@ -216,4 +217,4 @@ class TritonQuantLinear:
     def tiled(self, x: torch.Tensor, rows: int) -> torch.Tensor:
         """As engine.linear.Linear.tiled: fixed-shape row tiles, so each row's
         result does not depend on the batch it arrives in. x: [M, K]."""
-        return _tiled(self, x, rows)
+        return tiled_product(self, x, rows)

@@ -862,6 +862,9 @@ class MainWindow(QMainWindow):
             return
         device = getattr(stats, "device", "?")
         dtype = str(getattr(stats, "dtype", "?")).replace("torch.", "")
+        weights = str(getattr(stats, "weights", ""))
+        if weights.endswith(" (kernel)"):  # kept quantized: the formats say more than the input dtype
+            dtype = weights.removesuffix(" (kernel)")
         text = (
             f"{device} · {dtype} · KV pages {stats.pages_used} used / {stats.pages_cached} cached / "
             f"{stats.pages_free} free · prefix hits {stats.prefix_hit_rate:.0%}"

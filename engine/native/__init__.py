@@ -122,10 +122,6 @@ def _find_or_build(variant: str) -> Path:
 def _bind(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     i64, ptr, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-    lib.tandem_quant_matmul.argtypes = [
-        c_int, i64, i64, i64, ptr, i64, ptr, ptr, ptr, ptr, ptr, i64, c_int,
-    ]
-    lib.tandem_quant_matmul.restype = c_int
     lib.tandem_quant_matmul_ex.argtypes = [
         c_int, i64, i64, i64, ptr, i64, ptr, ptr, ptr, ptr, ptr, i64, c_int, c_int, ptr, ctypes.c_float, c_int,
     ]
@@ -143,6 +139,24 @@ def _bind(path: Path) -> ctypes.CDLL:
     lib.tandem_quant_simd.argtypes = []
     lib.tandem_quant_simd.restype = c_int
     return lib
+
+
+def likely_available() -> bool:
+    """Whether library() would succeed, judged without building, loading or
+    running anything (for memory estimates on the GUI thread): its known
+    result once it has run, else whether a prebuilt or cached copy exists or
+    a C compiler is on PATH."""
+    if _library is not None or _failure is not None:
+        return _library is not None
+    if os.environ.get("TANDEM_NO_NATIVE_KERNELS"):
+        return False
+    variant = cpu_variant()
+    if Path(__file__).with_name(library_name(variant)).is_file():
+        return True
+    if (_cache_dir() / _cached_name(variant)).is_file():
+        return True
+    compiler = os.environ.get("CC") or "cc"
+    return shutil.which(compiler) is not None or shutil.which("gcc") is not None
 
 
 def library() -> ctypes.CDLL:
@@ -179,6 +193,11 @@ def _pointer(tensor: torch.Tensor | None) -> int | None:
     return None if tensor is None else tensor.data_ptr()
 
 
+def _check(status: int, function: str) -> None:
+    if status:
+        raise NativeKernelError(f"{function} failed with status {status}")
+
+
 def quant_matmul(
     fmt: str,
     x: torch.Tensor,
@@ -186,24 +205,12 @@ def quant_matmul(
     scales: torch.Tensor,
     mins: torch.Tensor | None,
     bias: torch.Tensor | None,
-    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x [M, K] float32 (rows contiguous) @ W.T (+ bias) -> float32 [M, N]."""
-    lib = library()
-    rows, cols = x.shape
-    n = data.shape[0]
+    """x [M, K] float32 @ W.T (+ bias) -> a new float32 [M, N]."""
     if x.stride(1) != 1:
         x = x.contiguous()
-    if out is None:
-        out = torch.empty(rows, n, dtype=torch.float32)
-    status = lib.tandem_quant_matmul(
-        FORMAT_CODES[fmt], rows, n, cols, x.data_ptr(), x.stride(0),
-        data.data_ptr(), scales.data_ptr(), _pointer(mins), _pointer(bias),
-        out.data_ptr(), out.stride(0), torch.get_num_threads(),
-    )
-    if status:
-        raise NativeKernelError(f"tandem_quant_matmul failed with status {status}")
-    return out
+    out = torch.empty(x.shape[0], data.shape[0], dtype=torch.float32)
+    return quant_matmul_into(fmt, x, data, scales, mins, bias, out)
 
 
 INPUT_OPS = {None: 0, "rms_norm": 1, "swiglu": 2}
@@ -235,8 +242,7 @@ def quant_matmul_into(
         out.data_ptr(), out.stride(0), torch.get_num_threads(),
         INPUT_OPS[input_op], _pointer(norm_weight), eps, int(accumulate),
     )
-    if status:
-        raise NativeKernelError(f"tandem_quant_matmul_ex failed with status {status}")
+    _check(status, "tandem_quant_matmul_ex")
     return out
 
 
@@ -274,8 +280,7 @@ class BoundProduct:
             self._data, self._scales, self._mins, self._bias,
             out.data_ptr(), out.stride(0), threads, input_op, norm_weight, eps, accumulate,
         )
-        if status:
-            raise NativeKernelError(f"tandem_quant_matmul_ex failed with status {status}")
+        _check(status, "tandem_quant_matmul_ex")
 
 
 def decode_attention(
@@ -303,8 +308,7 @@ def decode_attention(
         k_layer.data_ptr(), v_layer.data_ptr(), page_table.data_ptr(), page_table.shape[1],
         page_size, window or 0, scale, out.data_ptr(), out.stride(0), torch.get_num_threads(),
     )
-    if status:
-        raise NativeKernelError(f"tandem_decode_attention failed with status {status}")
+    _check(status, "tandem_decode_attention")
     return out
 
 
@@ -326,8 +330,7 @@ def prepare_inputs(
         x.shape[0], cols, x.data_ptr(), x.stride(0), INPUT_OPS[input_op], _pointer(norm_weight), eps,
         int(round_to_int8), out.data_ptr(),
     )
-    if status:
-        raise NativeKernelError(f"tandem_prepare_inputs failed with status {status}")
+    _check(status, "tandem_prepare_inputs")
     return out
 
 
@@ -350,8 +353,7 @@ def rope_write_kv(
         cos_table.data_ptr(), sin_table.data_ptr(), positions.data_ptr(),
         k_layer.data_ptr(), v_layer.data_ptr(), write_rows.data_ptr(), torch.get_num_threads(),
     )
-    if status:
-        raise NativeKernelError(f"tandem_rope_write_kv failed with status {status}")
+    _check(status, "tandem_rope_write_kv")
 
 
 def quant_take_rows(
@@ -365,6 +367,5 @@ def quant_take_rows(
         FORMAT_CODES[fmt], flat.numel(), flat.data_ptr(), cols,
         data.data_ptr(), scales.data_ptr(), _pointer(mins), out.data_ptr(),
     )
-    if status:
-        raise NativeKernelError(f"tandem_quant_take_rows failed with status {status}")
+    _check(status, "tandem_quant_take_rows")
     return out

@@ -360,13 +360,6 @@ int tandem_quant_matmul_ex(int fmt, int64_t M, int64_t N, int64_t K, const float
     return 0;
 }
 
-int tandem_quant_matmul(int fmt, int64_t M, int64_t N, int64_t K, const float *x, int64_t x_stride,
-                        const uint8_t *data, const uint16_t *scales, const uint16_t *mins, const float *bias,
-                        float *y, int64_t y_stride, int threads) {
-    return tandem_quant_matmul_ex(fmt, M, N, K, x, x_stride, data, scales, mins, bias, y, y_stride, threads,
-                                  INPUT_AS_IS, NULL, 0.0f, 0);
-}
-
 /* Rows `index` of a quantized table, dequantized (embedding lookups). */
 int tandem_quant_take_rows(int fmt, int64_t count, const int64_t *index, int64_t K, const uint8_t *data,
                            const uint16_t *scales, const uint16_t *mins, float *out) {
