@@ -15,35 +15,35 @@ app.settings      Settings (defaults in code, one JSON file in the config
                   policy), kv_cache_mb, default_params (SamplingParams),
                   default_system_prompt, theme, ui_state (free-form dict the
                   window may use for geometry etc.).
-app.conversation  Message, ReplyStats, Conversation (see its docstring for
+app.workspace.conversation  Message, ReplyStats, Conversation (see its docstring for
                   how the kept token ids are grown and cut).
-app.workspace     Pane, Workspace, Turn.
+app.workspace.workspace     Pane, Workspace, Turn.
 app.events        The events Workspace.subscribe callbacks receive.
-app.compare       word_diff(a, b) -> (segments of a, segments of b).
+app.workspace.compare       word_diff(a, b) -> (segments of a, segments of b).
 app.errors        AppError and its subclasses; each message can be shown to
                   the user as it is.
-app.openai_client OpenAIClient for an OpenAI-compatible server (RemoteError
+app.remote.openai_client OpenAIClient for an OpenAI-compatible server (RemoteError
                   and subclasses).
-app.remote_pane   RemoteBackend (a pane's server: base_url, model, api_key
+app.remote.remote_pane   RemoteBackend (a pane's server: base_url, model, api_key
                   kept out of repr) and RemoteReply (one streaming reply).
-app.chat_store    ChatStore: conversations, messages and the pane layout in
+app.store.chat_store    ChatStore: conversations, messages and the pane layout in
                   SQLite (WAL, schema version with migrations; a damaged file
                   is kept aside and a new store started). StoreError and
                   subclasses (disk full, read-only, locked, corrupt, newer).
-app.store_writer  StoreWriter: every write on one background thread, from
+app.store.writer  StoreWriter: every write on one background thread, from
                   snapshots taken on the caller's thread.
-app.chat_recorder ChatRecorder: keeps the store in step with a Workspace
+app.store.recorder ChatRecorder: keeps the store in step with a Workspace
                   (messages, replies when they end, checkpoints of a
                   streaming reply every ~2 s, the layout).
-app.session       ChatSession: open the store (crash detection), restore the
+app.store.session       ChatSession: open the store (crash detection), restore the
                   panes, record, and mark a clean exit on close.
-app.chat_export   Markdown / JSON export, JSON import, side-by-side comparison.
-app.chats_cli     `tandem chats list|export|import` (no Qt, no torch).
-app.model_registry ModelRegistry: the default model plus added folders and
+app.store.export   Markdown / JSON export, JSON import, side-by-side comparison.
+app.store.cli     `tandem chats list|export|import` (no Qt, no torch).
+app.models.registry ModelRegistry: the default model plus added folders and
                   imported GGUF files (models.json); ModelError subclasses.
-app.memory_estimate What a model will take (weights + KV pool) and whether it
+app.models.memory_estimate What a model will take (weights + KV pool) and whether it
                   fits beside the models already loaded.
-app.local_server  LocalServer: serve the loaded engines over the OpenAI API.
+app.remote.local_server  LocalServer: serve the loaded engines over the OpenAI API.
 
 Workspace API (additions to the agreed contract are marked +)
 -------------------------------------------------------------

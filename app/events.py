@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Union
 if TYPE_CHECKING:
     from engine.progress import LoadProgress
 
-    from app.conversation import ReplyStats
-    from app.workspace import Pane
+    from app.workspace.conversation import ReplyStats
+    from app.workspace.workspace import Pane
 
 
 @dataclass(slots=True, frozen=True)

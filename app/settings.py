@@ -26,7 +26,7 @@ from typing import Any
 
 import platformdirs
 
-from app.conversation import CONTEXT_POLICIES
+from app.workspace.conversation import CONTEXT_POLICIES
 from app.errors import AppError
 from app.files import write_text_atomically
 from engine.params import InvalidSamplingParams, SamplingParams

@@ -11,7 +11,7 @@ object: per policy, the figures of every repeat and the loaded/quiet ratio
 of the medians. The machine must otherwise be idle for the quiet figures to
 mean anything.
 
-Policies: "adaptive" (the engine's default, engine/cpu_threads.py),
+Policies: "adaptive" (the engine's default, engine/runner/threads.py),
 "cores" (one thread per core, fixed: PyTorch's default and the engine's
 before), "cores-1" (fixed), "passive" (one per core with OMP_WAIT_POLICY=PASSIVE);
 `--deterministic` measures the engine's deterministic mode instead of the
@@ -46,7 +46,7 @@ def worker(args: argparse.Namespace) -> None:
     """One policy in this process: prints one JSON line of measurements."""
     from bench.throughput import tandem_run
     from engine import Engine
-    from engine.cpu_threads import available_cores
+    from engine.runner.threads import available_cores
 
     cores = available_cores()
     threads = {"adaptive": None, "cores": cores, "cores-1": max(1, cores - 1), "passive": cores}[

@@ -34,7 +34,7 @@ else PY=python3; fi
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
-need='import torch, triton, transformers, engine.engine'
+need='import torch, triton, transformers, engine.llm'
 if ! "$PY" -c "$need" 2>/dev/null; then
     if [[ -d .gpu-wheels ]]; then
         echo "[gpu.sh] installing missing packages from .gpu-wheels (offline)"

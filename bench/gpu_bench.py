@@ -102,7 +102,7 @@ def _reference(q, keys, values, query_pos, scale):
 def bench_kernels(device, dry: bool) -> dict:
     import torch
 
-    from engine import triton_attention as kernels
+    from engine.kernels.triton import attention as kernels
 
     tol = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 4e-2}
     gen = torch.Generator().manual_seed(0)
@@ -432,8 +432,8 @@ def main() -> int:
                                               SMALL["vocab_size"]))
 
     def default_model() -> dict:
-        from engine.default_model import resolve_model
-        from engine.tokenizer import Tokenizer
+        from engine.formats.default_model import resolve_model
+        from engine.model.tokenizer import Tokenizer
 
         try:
             folder = resolve_model("default")

@@ -4,7 +4,7 @@
 
 Loads the model twice: with its block-quantized weights dequantized to
 float32 at load (what the GGUF file means, and what transformers computes),
-and kept quantized behind the weight-only kernels (engine.quant). Prints one
+and kept quantized behind the weight-only kernels (engine.model.quant). Prints one
 JSON object with, for each: the perplexity over bench/data/public_domain.txt
 (a fixed public-domain text, checked in), and the greedy replies to the chat
 prompts of bench/common.py, with how many agree token for token.
@@ -26,12 +26,12 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import PROMPTS, chat, machine
-from engine.default_model import resolve_model
-from engine.loader import load_model, quantized_formats
-from engine.model import LlamaModel
-from engine.runner import ModelRunner
-from engine.scheduler import ScheduledChunk, ScheduleResult
-from engine.tokenizer import Tokenizer
+from engine.formats.default_model import resolve_model
+from engine.formats.loader import load_model, quantized_formats
+from engine.model.llama import LlamaModel
+from engine.runner.cpu import ModelRunner
+from engine.core.scheduler import ScheduledChunk, ScheduleResult
+from engine.model.tokenizer import Tokenizer
 
 TEXT = Path(__file__).resolve().parent / "data" / "public_domain.txt"
 PAGE_SIZE = 16

@@ -4,9 +4,9 @@
 
 For the default model's shapes (30 layers of fused q/k/v, o, fused
 gate/up and down products, plus the 49152-row LM head), the time of every
-product of one step with M rows: oneDNN fp32 (engine.linear.Linear, the
+product of one step with M rows: oneDNN fp32 (engine.model.linear.Linear, the
 dequantized model), bf16, and the quantized formats on the native kernel
-(engine.quant.QuantLinear), beside torch's own weight-only CPU kernels where
+(engine.model.quant.QuantLinear), beside torch's own weight-only CPU kernels where
 this build has them. Random weights: the time depends on shapes only.
 Prints one JSON object: milliseconds per step, best of --repeats.
 """
@@ -24,8 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from engine.linear import Linear  # noqa: E402
-from engine.quant import QuantLinear, quantize  # noqa: E402
+from engine.model.linear import Linear  # noqa: E402
+from engine.model.quant import QuantLinear, quantize  # noqa: E402
 
 LAYERS = 30
 HIDDEN, INTER, QKV, VOCAB = 576, 1536, 960, 49152

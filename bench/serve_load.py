@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import chat_prompts, machine  # noqa: E402
 from engine import Engine, SamplingParams  # noqa: E402
-from engine.server import model_name_for, serve_in_thread  # noqa: E402
+from engine.entrypoints.openai.server import model_name_for, serve_in_thread  # noqa: E402
 
 
 # First calls allocate and connect; this prompt is none of the measured ones.

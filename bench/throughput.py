@@ -219,7 +219,7 @@ def main() -> None:
 
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from engine.loader import dequantized_copy
+        from engine.formats.loader import dequantized_copy
 
         with tempfile.TemporaryDirectory() as tmp:
             hf_folder = dequantized_copy(folder, Path(tmp) / "float")

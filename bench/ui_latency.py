@@ -59,8 +59,8 @@ def run_with_window(engine: Any, settings: Any, panes: int, store: Path | None =
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
-    from app.workspace import Workspace
-    from ui.main_window import MainWindow
+    from app.workspace.workspace import Workspace
+    from ui.window.main_window import MainWindow
     from ui.theme import apply_theme
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
@@ -70,7 +70,7 @@ def run_with_window(engine: Any, settings: Any, panes: int, store: Path | None =
     workspace = Workspace(settings, engine=engine)
     session = None
     if store is not None:  # as the app runs: every message, reply and checkpoint written to a chat store
-        from app.session import ChatSession
+        from app.store.session import ChatSession
 
         session = ChatSession.open(store)
         session.restore(workspace, default_panes=panes)
@@ -151,7 +151,7 @@ def main() -> None:
                         help="record into a chat store in a temporary folder, as the app does")
     args = parser.parse_args()
 
-    from app.conversation import Conversation
+    from app.workspace.conversation import Conversation
     from app.settings import Settings
     from engine import Engine, SamplingParams
 

@@ -14,11 +14,11 @@ def __getattr__(name: str) -> Any:
     # Lazy, so `python -m engine --help` and argument errors answer before
     # torch is imported.
     if name == "Engine":
-        from engine.engine import Engine
+        from engine.llm import Engine
 
         return Engine
     if name == "SamplingParams":
-        from engine.sampling import SamplingParams
+        from engine.params import SamplingParams
 
         return SamplingParams
     raise AttributeError(name)

@@ -1,6 +1,6 @@
 """What a request asks of sampling: SamplingParams, checked when made.
 
-Kept apart from engine.sampling (the tensor work) so that code which only
+Kept apart from engine.model.sampler (the tensor work) so that code which only
 stores or shows parameters (the chat store, `tandem chats`) never imports torch.
 """
 

@@ -22,7 +22,7 @@ def default_model_dir() -> Iterator[Path]:
     The import lives in .pytest_cache (or $TANDEM_TEST_DATA_DIR) so that later
     runs reuse it; TANDEM_DATA_DIR points there for the rest of the session.
     """
-    from engine.default_model import resolve_model
+    from engine.formats.default_model import resolve_model
 
     previous = os.environ.get("TANDEM_DATA_DIR")
     os.environ["TANDEM_DATA_DIR"] = os.environ.get("TANDEM_TEST_DATA_DIR") or str(
@@ -41,7 +41,7 @@ def default_model_dir() -> Iterator[Path]:
 def default_float_dir(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The default model as a float32 Hugging Face folder (its imported
     folder keeps the GGUF's quantized blocks, which transformers cannot read)."""
-    from engine.loader import dequantized_copy
+    from engine.formats.loader import dequantized_copy
 
     return dequantized_copy(default_model_dir, tmp_path_factory.mktemp("default-float"))
 
@@ -72,7 +72,7 @@ def write_tiny_model(source: Path, dest: Path, seed: int = 0) -> Path:
     import torch
     from safetensors.torch import save_file
 
-    from engine.tokenizer import Tokenizer
+    from engine.model.tokenizer import Tokenizer
 
     dest.mkdir(parents=True, exist_ok=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",

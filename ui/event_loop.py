@@ -2,7 +2,7 @@
 threads that never touches Qt off the GUI thread.
 
 qasync's `call_soon_threadsafe` emits a Qt signal from the calling thread.
-The engine thread calls it after every step (engine/batch.py), and the
+The engine thread calls it after every step (engine/core/batch.py), and the
 model loader and the HTTP server's threads call it too; emitting Qt signals
 from plain Python threads has crashed PySide6 6.8+, and our full test runs
 died with a segfault on the GUI thread a few times in ten while replies

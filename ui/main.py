@@ -98,7 +98,7 @@ def _model_resolver(registry: Any) -> Any:
     """A pane's model id -> what Engine(model=...) takes: the registry's
     folder for its ids; anything else ("default", a folder or .gguf path
     given with --model) as it is."""
-    from app.model_registry import UnknownModelError
+    from app.models.registry import UnknownModelError
 
     def resolve(model_id: str) -> str:
         try:
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["chats"]:
         # The saved conversations from the command line: no window, no Qt.
-        from app.chats_cli import main as chats_main
+        from app.store.cli import main as chats_main
 
         return chats_main(argv[1:])
     args = parse_args(argv)
@@ -140,13 +140,13 @@ def main(argv: list[str] | None = None) -> int:
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
-    from app.chat_store import StoreError
-    from app.model_registry import ModelRegistry
-    from app.session import ChatSession
+    from app.store.chat_store import StoreError
+    from app.models.registry import ModelRegistry
+    from app.store.session import ChatSession
     from app.settings import Settings
-    from app.workspace import Workspace
+    from app.workspace.workspace import Workspace
     from ui import crash_log
-    from ui.main_window import MainWindow
+    from ui.window.main_window import MainWindow
     from ui.theme import apply_theme
 
     saved = Settings.load()

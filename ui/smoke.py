@@ -8,7 +8,7 @@ user's own are never read or written; imported models (TANDEM_DATA_DIR) are
 shared, so a second run does not import the model again.
 
 The two conversations are saved to the chat store in the data folder
-(through app.session.ChatSession, as a run of the app saves them), titled
+(through app.store.session.ChatSession, as a run of the app saves them), titled
 "Smoke test: ...", so that a later start, or `tandem chats list`, proves the
 store written here is the one found there: that is what tells a packaged
 app from one that keeps its data somewhere else. The saved window layout is
@@ -79,13 +79,13 @@ def _run(args: argparse.Namespace, out: Path) -> None:
     from ui.event_loop import TandemEventLoop
     from PySide6.QtWidgets import QApplication
 
-    from app.chat_store import StoreError
-    from app.session import ChatSession
+    from app.store.chat_store import StoreError
+    from app.store.session import ChatSession
     from app.settings import Settings
-    from app.workspace import Workspace
+    from app.workspace.workspace import Workspace
     from ui import crash_log
     from ui.main import _run_settings, _set_app_identity, version
-    from ui.main_window import MainWindow
+    from ui.window.main_window import MainWindow
     from ui.theme import apply_theme
 
     settings = _run_settings(Settings.load(), args)  # the temporary folder's: the defaults

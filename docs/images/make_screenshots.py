@@ -40,13 +40,13 @@ def main() -> None:
     from ui.event_loop import TandemEventLoop
     from PySide6.QtWidgets import QApplication
 
-    from app.model_registry import ModelRegistry
-    from app.session import ChatSession
+    from app.models.registry import ModelRegistry
+    from app.store.session import ChatSession
     from app.settings import Settings
-    from app.workspace import Workspace
-    from engine.sampling import SamplingParams
+    from app.workspace.workspace import Workspace
+    from engine.params import SamplingParams
     from ui.main import version
-    from ui.main_window import MainWindow
+    from ui.window.main_window import MainWindow
     from ui.theme import apply_theme
 
     app = QApplication.instance() or QApplication(sys.argv[:1])

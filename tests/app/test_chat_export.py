@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from app.chat_export import ChatImportError, comparison_markdown, from_json, to_json, to_markdown
-from app.conversation import Conversation, Message
+from app.store.export import ChatImportError, comparison_markdown, from_json, to_json, to_markdown
+from app.workspace.conversation import Conversation, Message
 from app.errors import AppError
 from tests.app.fixtures.chats import assert_same, build_conversation, stats
 

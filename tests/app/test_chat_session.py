@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from app.chat_store import ChatStore
+from app.store.chat_store import ChatStore
 from app.errors import ContextFullError, EngineNotReadyError
-from app.session import ChatSession
+from app.store.session import ChatSession
 from app.settings import Settings
-from app.workspace import Workspace
+from app.workspace.workspace import Workspace
 from engine import Engine, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from app import chat_export
-from app.chat_store import (
+from app.store import export as chat_export
+from app.store.chat_store import (
     SCHEMA_VERSION,
     ChatStore,
     DiskFullError,
@@ -28,7 +28,7 @@ from app.chat_store import (
     UnknownConversationError,
     header_record,
 )
-from app.conversation import Conversation
+from app.workspace.conversation import Conversation
 from tests.app.fixtures.chats import assert_same, build_conversation, run_unprivileged
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -227,7 +227,7 @@ def test_a_killed_process_leaves_its_last_checkpoint(path: Path) -> None:
     script = textwrap.dedent(
         f"""
         import os, signal, time
-        from app.chat_store import ChatStore, HeaderRecord, MessageRecord, pack_ids
+        from app.store.chat_store import ChatStore, HeaderRecord, MessageRecord, pack_ids
         store = ChatStore.open({str(path)!r})
         store.mark_session_start()
         header = HeaderRecord("k" * 32, "killed", time.time(), "", "{{}}", "default", "stop", b"")

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from app.chat_export import from_json
-from app.chat_store import SCHEMA_VERSION, ChatStore
-from app.chats_cli import main
-from app.conversation import Conversation
+from app.store.export import from_json
+from app.store.chat_store import SCHEMA_VERSION, ChatStore
+from app.store.cli import main
+from app.workspace.conversation import Conversation
 from tests.app.fixtures.chats import assert_same, build_conversation
 
 REPO = Path(__file__).resolve().parents[2]

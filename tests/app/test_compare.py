@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.compare import Segment, word_diff
+from app.workspace.compare import Segment, word_diff
 
 
 def changed_words(segments: list[Segment]) -> list[str]:

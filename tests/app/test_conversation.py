@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from app.conversation import Conversation, ReplyStats
+from app.workspace.conversation import Conversation, ReplyStats
 from app.errors import MessageIndexError
-from engine.tokenizer import Tokenizer
+from engine.model.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")

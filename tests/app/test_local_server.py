@@ -13,8 +13,8 @@ import openai
 import pytest
 
 from app.errors import AppError
-from app.local_server import LocalServer, LocalServerError, PortInUseError
-from engine.engine import Engine
+from app.remote.local_server import LocalServer, LocalServerError, PortInUseError
+from engine.llm import Engine
 
 HI = [{"role": "user", "content": "Hello there"}]
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from app.memory_estimate import (
+from app.models.memory_estimate import (
     LoadedModel,
     MemoryEstimate,
     ModelShape,
@@ -27,7 +27,7 @@ from app.memory_estimate import (
     estimate_memory,
     parse_meminfo,
 )
-from app.model_registry import (
+from app.models.registry import (
     CorruptGGUFError,
     CorruptWeightsError,
     DefaultModelError,
@@ -45,10 +45,10 @@ from app.model_registry import (
     UnknownModelError,
     read_gguf_summary,
 )
-from engine.config import ModelConfig
-from engine.default_model import default_gguf_path
-from engine.loader import quantized_copy
-from engine.quant import ConcatLinear, QuantizedTensor, cpu_kernel_available
+from engine.model.config import ModelConfig
+from engine.formats.default_model import default_gguf_path
+from engine.formats.loader import quantized_copy
+from engine.model.quant import ConcatLinear, QuantizedTensor, cpu_kernel_available
 from engine.progress import LoadProgress
 from tests.engine.test_gguf_import import TinyModel, write_gguf
 
@@ -404,7 +404,7 @@ def test_one_file_is_not_imported_twice_at_once(registry: ModelRegistry, tiny_gg
 def test_an_import_the_engine_could_not_run_is_removed_again(
     registry: ModelRegistry, tmp_path: Path, data_dir: Path
 ) -> None:
-    # The importer converts YaRN scaling faithfully; engine/config.py does not run it.
+    # The importer converts YaRN scaling faithfully; engine/model/config.py does not run it.
     path = tmp_path / "yarn.gguf"
     write_gguf(path, kv={
         "llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0,
@@ -495,7 +495,7 @@ def test_valid_entries_of_a_partly_bad_models_json_are_kept(data_dir: Path, mode
 def test_a_registry_that_cannot_be_written_keeps_nothing_half_done(
     tmp_path: Path, model_folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from app.model_registry import ModelStorageError
+    from app.models.registry import ModelStorageError
 
     # A file where the data folder should be: no write below it can succeed,
     # whoever runs the test (permissions do not stop root).
@@ -557,7 +557,7 @@ def _loaded_bytes(engine) -> int:
 def test_the_estimate_matches_what_the_engine_allocates(
     registry: ModelRegistry, model_folder: Path, dtype: str, kv_cache_mb: int | None
 ) -> None:
-    """Kept in step with engine/engine.py, engine/model.py and engine/linear.py
+    """Kept in step with engine/llm.py, engine/model/llama.py and engine/model/linear.py
     by comparing with a really loaded engine (oneDNN copies included)."""
     from engine import Engine
 
@@ -684,7 +684,7 @@ def test_estimate_arithmetic_by_device_and_dtype() -> None:
         num_layers=2, num_kv_heads=2, head_dim=4, max_context=64,
     )
     fp32 = estimate_memory(shape, "cpu", "float32", kv_cache_mb=None, page_size=16)
-    from app.memory_estimate import cpu_packs_weights
+    from app.models.memory_estimate import cpu_packs_weights
 
     packed = (1000 + 200) * 4 if cpu_packs_weights(torch.float32) else 0
     assert fp32.weights_bytes == (1000 + 200 + 6) * 4 + 10 * 4 + packed

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from app.openai_client import (
+from app.remote.openai_client import (
     ClientTimeouts,
     ModelNotServedError,
     OpenAIClient,
@@ -32,8 +32,8 @@ from app.openai_client import (
     normalize_base_url,
     request_params,
 )
-from engine.engine import Engine
-from engine.server import RunningServer, serve_in_thread
+from engine.llm import Engine
+from engine.entrypoints.openai.server import RunningServer, serve_in_thread
 
 MESSAGES = [{"role": "user", "content": "Hello there"}]
 
@@ -99,7 +99,7 @@ def test_base_url_forms() -> None:
 
 
 def test_request_params_from_engine_sampling_params() -> None:
-    from engine.sampling import SamplingParams
+    from engine.params import SamplingParams
 
     p = SamplingParams(temperature=0.3, top_p=0.9, max_tokens=20, seed=4, stop=("\n",), top_k=40)
     assert request_params(p) == {

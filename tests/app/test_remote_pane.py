@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 
 from app.events import ReplyDelta, ReplyFinished, WorkspaceEvent
-from app.openai_client import ModelNotServedError, RemoteConnectionError
+from app.remote.openai_client import ModelNotServedError, RemoteConnectionError
 from app.settings import Settings
-from app.workspace import Workspace
-from engine.engine import Engine
-from engine.sampling import SamplingParams
-from engine.server import RunningServer, serve_in_thread
+from app.workspace.workspace import Workspace
+from engine.llm import Engine
+from engine.params import SamplingParams
+from engine.entrypoints.openai.server import RunningServer, serve_in_thread
 from tests.app.test_openai_client import _chunk, _Misbehaving
 
 PROMPT = "Hello there"

@@ -18,7 +18,7 @@ from app.settings import (
     check_value,
     settings_path,
 )
-from engine.sampling import SamplingParams
+from engine.params import SamplingParams
 
 
 @pytest.fixture(autouse=True)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from app.chat_store import ChatStore, DiskFullError, StoreError, StoreIOError
-from app.conversation import Conversation
-from app.store_writer import StoreWriter
+from app.store.chat_store import ChatStore, DiskFullError, StoreError, StoreIOError
+from app.workspace.conversation import Conversation
+from app.store.writer import StoreWriter
 from tests.app.fixtures.chats import assert_same, build_conversation
 
 

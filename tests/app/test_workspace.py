@@ -32,9 +32,9 @@ from app.events import (
     ReplyFinished,
 )
 from app.settings import Settings
-from app.workspace import Workspace
+from app.workspace.workspace import Workspace
 from engine import Engine, SamplingParams
-from engine.quant import cpu_kernel_available
+from engine.model.quant import cpu_kernel_available
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
 # A stream that does not end by itself: the random model may emit an end token at any point.
@@ -582,7 +582,7 @@ def registered_tiny(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.Mo
     """A real registry in `data` (the quantized copies' cache too) with a copy of the tiny float model."""
     import shutil
 
-    from app.model_registry import ModelRegistry
+    from app.models.registry import ModelRegistry
 
     monkeypatch.setenv("TANDEM_DATA_DIR", str(data))
     registry = ModelRegistry(tmp_path / "registry" / "models.json")

@@ -17,7 +17,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from engine.cache import OutOfPagesError, PageHash, PagePool, PagePoolStats
+from engine.core.page_pool import OutOfPagesError, PageHash, PagePool, PagePoolStats
 
 
 class WeakHashPool(PagePool):

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import __main__ as cli
-from engine.default_model import default_gguf_path
+from engine.entrypoints.cli import main as cli
+from engine.formats.default_model import default_gguf_path
 from engine.progress import LoadProgress
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -411,7 +411,7 @@ def test_ctrl_c_at_the_empty_chat_prompt_ends_the_line(default_model_dir: Path) 
 
 
 def test_deterministic_flag_reaches_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
-    import engine.engine as engine_module
+    import engine.llm as engine_module
     from engine.errors import EngineError
 
     seen: dict[str, object] = {}

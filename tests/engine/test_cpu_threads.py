@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from engine.cpu_threads import (
+from engine.runner.threads import (
     AdaptiveThreads,
     InvalidThreadCount,
     ThreadPolicy,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.cuda_graphs import (
+from engine.runner.cuda_graphs import (
     GRAPH_BATCH_SIZES,
     CaptureBudget,
     batch_size_ladder,
@@ -15,7 +15,7 @@ from engine.cuda_graphs import (
     padded_batch_size,
     replay_size,
 )
-from engine.memory import (
+from engine.runner.memory import (
     ACTIVATION_HEADROOM,
     DESKTOP_RESERVE_BYTES,
     MIB,
@@ -29,7 +29,7 @@ if torch.cuda.is_available():
     # Decide triton's mode now, compiled for the GPU, before
     # test_triton_kernels (collected later) can switch on the interpreter.
     try:
-        import engine.triton_attention  # noqa: F401
+        import engine.kernels.triton.attention  # noqa: F401
     except ImportError:
         pass
 
@@ -133,8 +133,8 @@ def test_memory_plan_leaves_room_for_activations_and_the_desktop() -> None:
 
 
 def test_cuda_runner_choice_and_its_fallbacks(tmp_path, monkeypatch) -> None:
-    from engine import kernel_runner
-    from engine.loader import load_model
+    from engine.runner import cuda as kernel_runner
+    from engine.formats.loader import load_model
     from engine.runner import ModelRunner
     from tests.engine.random_llama import write_random_llama
 
@@ -159,7 +159,7 @@ def test_cuda_runner_choice_and_its_fallbacks(tmp_path, monkeypatch) -> None:
     "value,enabled", [(None, True), ("1", True), ("0", False), ("off", False), ("False", False)]
 )
 def test_cuda_graphs_can_be_switched_off(monkeypatch, value, enabled) -> None:
-    from engine.kernel_runner import cuda_graphs_enabled
+    from engine.runner.cuda import cuda_graphs_enabled
 
     if value is None:
         monkeypatch.delenv("TANDEM_CUDA_GRAPHS", raising=False)
@@ -171,9 +171,9 @@ def test_cuda_graphs_can_be_switched_off(monkeypatch, value, enabled) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (bench/gpu.sh runs it)")
 def test_graph_replay_equals_eager_decode_on_cuda(tmp_path) -> None:
     pytest.importorskip("triton", reason="triton is not installed")
-    from engine.kernel_runner import KernelModelRunner
-    from engine.loader import load_model
-    from engine.scheduler import ScheduledChunk, ScheduleResult
+    from engine.runner.cuda import KernelModelRunner
+    from engine.formats.loader import load_model
+    from engine.core.scheduler import ScheduledChunk, ScheduleResult
     from tests.engine.random_llama import FakeSequence, write_random_llama
 
     folder = write_random_llama(
@@ -209,10 +209,11 @@ def test_activation_probe_metadata_is_a_plain_prefill(tmp_path, monkeypatch) -> 
     """The forward that measures the activation peak is an ordinary prefill
     from position 0 (here on the CPU path's metadata): same hidden states as
     the runner computes for the same tokens."""
-    from engine import kernel_runner, memory
-    from engine.loader import load_model
+    from engine.runner import cuda as kernel_runner
+    from engine.runner import memory
+    from engine.formats.loader import load_model
     from engine.runner import ModelRunner
-    from engine.scheduler import ScheduledChunk, ScheduleResult
+    from engine.core.scheduler import ScheduledChunk, ScheduleResult
     from tests.engine.random_llama import FakeSequence, write_random_llama
 
     folder = write_random_llama(tmp_path / "m", heads=4, kv_heads=2, head_dim=16, window=3, seed=0)

@@ -11,9 +11,9 @@ from pathlib import Path
 import platformdirs
 import pytest
 
-import engine.default_model as default_model
-import engine.gguf_import as gguf_import
-from engine.default_model import (
+import engine.formats.default_model as default_model
+import engine.formats.gguf.importer as gguf_import
+from engine.formats.default_model import (
     DEFAULT_MODEL_NAME,
     data_dir,
     default_gguf_path,
@@ -21,7 +21,7 @@ from engine.default_model import (
     resolve_model,
 )
 from engine.errors import ModelLoadError
-from engine.gguf_import import MARKER_NAME
+from engine.formats.gguf.importer import MARKER_NAME
 from tests.engine.test_gguf_import import TinyModel, write_gguf
 
 

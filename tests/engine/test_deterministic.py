@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.engine import Engine
-from engine.loader import load_model
-from engine.runner import ModelRunner
-from engine.sampling import SamplingParams
+from engine.llm import Engine
+from engine.formats.loader import load_model
+from engine.runner.cpu import ModelRunner
+from engine.params import SamplingParams
 
 from tests.engine.test_model_parity import ARCHS, TINY, _chunk, _hf_logits, _run, _save_tiny
 

@@ -1,4 +1,4 @@
-"""engine.detokenizer: whole characters only, same text as a full decode, stop strings cut."""
+"""engine.core.detokenizer: whole characters only, same text as a full decode, stop strings cut."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.detokenizer import IncrementalDetokenizer
-from engine.tokenizer import Tokenizer
+from engine.core.detokenizer import IncrementalDetokenizer
+from engine.model.tokenizer import Tokenizer
 from tests.engine.test_tokenizer import (
     CHATML_SPECIALS,
     train_byte_level_bpe,

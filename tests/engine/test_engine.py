@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.engine import Engine
+from engine.llm import Engine
 from engine.errors import EngineClosedError, PromptError, RequestTooLargeError
-from engine.sampling import SamplingParams
+from engine.params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
 

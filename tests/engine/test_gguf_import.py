@@ -24,13 +24,13 @@ from gguf import GGMLQuantizationType as Q
 from gguf import TokenType
 from tokenizers import Tokenizer
 
-from engine import gguf_import
-from engine.default_model import default_gguf_path
+from engine.formats.gguf import importer as gguf_import
+from engine.formats.default_model import default_gguf_path
 from engine.errors import ModelLoadError, TokenizerError, UnsupportedModelError
-from engine.gguf_import import MARKER_NAME, import_gguf
-from engine.linear import Linear
-from engine.loader import load_model, quantized_formats, read_weights, resolve_quantized_compute
-from engine.quant import QuantLinear, cpu_kernel_available, error_bound, quantize
+from engine.formats.gguf.importer import MARKER_NAME, import_gguf
+from engine.model.linear import Linear
+from engine.formats.loader import load_model, quantized_formats, read_weights, resolve_quantized_compute
+from engine.model.quant import QuantLinear, cpu_kernel_available, error_bound, quantize
 
 # --------------------------------------------------------------------------
 # Writing tiny GGUF files
@@ -964,7 +964,7 @@ def test_imported_weights_run_quantized_by_default_where_a_kernel_runs(
     assert isinstance(model.layers[0].qkv, QuantLinear if cpu_kernel_available() else Linear)
     # Without the GPU kernel (no triton): an imported model is dequantized,
     # never refused, but weights quantized on request (--quantize) are not.
-    monkeypatch.setitem(sys.modules, "engine.triton_quant", None)
+    monkeypatch.setitem(sys.modules, "engine.kernels.triton.quant", None)
     cuda = torch.device("cuda")
     assert resolve_quantized_compute("auto", cuda) == "dequantize"
     assert resolve_quantized_compute("kernel", cuda) == "dequantize"

@@ -22,8 +22,8 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from engine.gguf_import import import_gguf
-from engine.quant import quantize
+from engine.formats.gguf.importer import import_gguf
+from engine.model.quant import quantize
 from tests.engine.test_gguf_import import byte_level_vocab, gguf_name
 from tests.engine.test_memory_footprint import RSS, needs_proc, run_json
 
@@ -114,9 +114,9 @@ LOAD_AND_STEP = RSS + """
 import json, sys
 from types import SimpleNamespace
 import torch
-from engine.loader import load_model
-from engine.runner import ModelRunner
-from engine.scheduler import ScheduledChunk, ScheduleResult
+from engine.formats.loader import load_model
+from engine.runner.cpu import ModelRunner
+from engine.core.scheduler import ScheduledChunk, ScheduleResult
 torch.set_num_threads(2)
 before = rss_mib()
 model = load_model(sys.argv[1], "cpu", quantized="kernel")

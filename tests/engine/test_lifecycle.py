@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from engine.engine import Engine
+from engine.llm import Engine
 from engine.errors import EngineClosedError, LoadCancelled
 from engine.progress import STAGES, LoadProgress
-from engine.sampling import SamplingParams
+from engine.params import SamplingParams
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SHORT = SamplingParams(temperature=0.0, max_tokens=8)
@@ -149,7 +149,7 @@ def test_close_from_a_sink_on_the_engine_thread(tiny_model_dir: Path) -> None:
 
 _DROP_SCRIPT = """
 import gc, json, os, sys, threading
-from engine.engine import Engine
+from engine.llm import Engine
 
 def rss_mb():
     with open("/proc/self/status") as f:
@@ -201,8 +201,8 @@ def test_dropped_engine_releases_memory_and_thread(default_model_dir: Path) -> N
 
 _EXIT_SCRIPT = """
 import asyncio, sys, threading
-from engine.engine import Engine
-from engine.sampling import SamplingParams
+from engine.llm import Engine
+from engine.params import SamplingParams
 
 mode = sys.argv[2]
 eng = Engine(sys.argv[1], device="cpu", kv_pages=64)

@@ -19,15 +19,15 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from engine.attention import KVCache
-from engine.cache import PagePool
-from engine.engine import Engine
-from engine.gguf_import import import_gguf
-from engine.loader import load_model
-from engine.quant import QuantizedTensor, QuantLinear, cpu_kernel_available
-from engine.runner import highest_page_written
-from engine.sampling import SamplingParams
-from engine.scheduler import ScheduledChunk, ScheduleResult
+from engine.model.attention import KVCache
+from engine.core.page_pool import PagePool
+from engine.llm import Engine
+from engine.formats.gguf.importer import import_gguf
+from engine.formats.loader import load_model
+from engine.model.quant import QuantizedTensor, QuantLinear, cpu_kernel_available
+from engine.runner.cpu import highest_page_written
+from engine.params import SamplingParams
+from engine.core.scheduler import ScheduledChunk, ScheduleResult
 from tests.engine.test_gguf_import import TinyModel, write_gguf
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -111,10 +111,10 @@ def test_uncommitted_pool_memory_is_not_resident() -> None:
     # over all of them; the operating system commits whole 4 KiB pages).
     result = run_json(RSS + """
 import json, torch
-from engine.attention import KVCache
-from engine.cache import PagePool
-from engine.runner import highest_page_written
-from engine.scheduler import ScheduledChunk, ScheduleResult
+from engine.model.attention import KVCache
+from engine.core.page_pool import PagePool
+from engine.runner.cpu import highest_page_written
+from engine.core.scheduler import ScheduledChunk, ScheduleResult
 before = rss_mib()
 cache = KVCache(32, 1024, 16, 2, 64, torch.float32, torch.device("cpu"), commit_on_use=True)
 total = cache.total_bytes / 2**20
@@ -294,7 +294,7 @@ def test_default_model_engine_resides_in_500_mib_after_a_short_reply(
     result = run_json(RSS + """
 import json, sys
 from engine import Engine, SamplingParams
-from engine.quant import cpu_kernel_available
+from engine.model.quant import cpu_kernel_available
 with Engine(sys.argv[1], threads=1) as eng:
     started = rss_mib()
     kv_started = eng.stats().kv_bytes_committed

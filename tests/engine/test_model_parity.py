@@ -14,9 +14,9 @@ import torch
 from safetensors.torch import save_file
 
 from engine.errors import ModelLoadError, PickleCheckpointError, UnsupportedModelError
-from engine.loader import load_model
-from engine.runner import ModelRunner
-from engine.scheduler import ScheduledChunk, ScheduleResult
+from engine.formats.loader import load_model
+from engine.runner.cpu import ModelRunner
+from engine.core.scheduler import ScheduledChunk, ScheduleResult
 
 transformers = pytest.importorskip("transformers")
 

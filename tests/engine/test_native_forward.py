@@ -1,4 +1,4 @@
-"""The native CPU path of quantized models (engine/native, LlamaModel._forward_native):
+"""The native CPU path of quantized models (engine/kernels/native, LlamaModel._forward_native):
 each kernel against a plain torch reference, the whole path against the
 generic one, and batch invariance of quantized replies in deterministic mode."""
 
@@ -11,13 +11,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import native
-from engine.engine import Engine
-from engine.loader import load_model
-from engine.quant import FORMATS, product_error_bound, quantize
-from engine.runner import ModelRunner
-from engine.sampling import SamplingParams
-from engine.scheduler import ScheduledChunk, ScheduleResult
+from engine.kernels import native
+from engine.llm import Engine
+from engine.formats.loader import load_model
+from engine.model.quant import FORMATS, product_error_bound, quantize
+from engine.runner.cpu import ModelRunner
+from engine.params import SamplingParams
+from engine.core.scheduler import ScheduledChunk, ScheduleResult
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no C compiler to build the native kernels")
 

@@ -14,12 +14,12 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from safetensors.torch import save_file
 
-from engine import loader
+from engine.formats import loader
 from engine.errors import ModelLoadError
-from engine.gguf_import import import_gguf
-from engine.linear import Linear
-from engine.loader import load_model, quantized_copy, quantized_formats, read_weights
-from engine.quant import (
+from engine.formats.gguf.importer import import_gguf
+from engine.model.linear import Linear
+from engine.formats.loader import load_model, quantized_copy, quantized_formats, read_weights
+from engine.model.quant import (
     FORMATS,
     GROUP_SIZE,
     DEQUANTIZE_ROWS,
@@ -30,8 +30,8 @@ from engine.quant import (
     quantize,
     take_rows,
 )
-from engine.runner import ModelRunner
-from engine.scheduler import ScheduledChunk, ScheduleResult
+from engine.runner.cpu import ModelRunner
+from engine.core.scheduler import ScheduledChunk, ScheduleResult
 from tests.engine.test_gguf_import import TinyModel, write_gguf
 
 

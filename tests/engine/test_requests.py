@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from engine.batch import AsyncBatch
-from engine.engine import Engine
+from engine.core.batch import AsyncBatch
+from engine.llm import Engine
 from engine.errors import PromptError
-from engine.sampling import SamplingParams
-from engine.sequence import RequestOutput, StreamEvent
+from engine.params import SamplingParams
+from engine.core.sequence import RequestOutput, StreamEvent
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
 LONG = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)

@@ -15,15 +15,10 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from engine import sampling
+from engine.model import sampler as sampling
 from engine.errors import EngineError
-from engine.sampling import (
-    InvalidSamplingParams,
-    RequestSampler,
-    SamplingParams,
-    _filtered_logits,
-    sample,
-)
+from engine.model.sampler import RequestSampler, _filtered_logits, sample
+from engine.params import InvalidSamplingParams, SamplingParams
 
 CPU = torch.device("cpu")
 DEVICES = [

@@ -25,8 +25,8 @@ import httpx
 import openai
 import pytest
 
-from engine.engine import Engine
-from engine.server import RunningServer, ServedModels, create_app, model_name_for, serve_in_thread
+from engine.llm import Engine
+from engine.entrypoints.openai.server import RunningServer, ServedModels, create_app, model_name_for, serve_in_thread
 
 MAX_TOKENS = 6
 

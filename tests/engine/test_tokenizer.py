@@ -1,4 +1,4 @@
-"""engine.tokenizer against transformers, on tokenizer folders built here (no hub)."""
+"""engine.model.tokenizer against transformers, on tokenizer folders built here (no hub)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 from engine.errors import PromptError, TokenizerError
-from engine.tokenizer import Tokenizer
+from engine.model.tokenizer import Tokenizer
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog. Hello world, hello there!",

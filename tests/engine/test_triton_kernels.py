@@ -29,9 +29,9 @@ triton = pytest.importorskip(
 import triton.language as tl  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
-from engine import triton_attention as kernels  # noqa: E402
-from engine.kernel_attention import KernelAttentionMetadata  # noqa: E402
-from engine.scheduler import ScheduledChunk, ScheduleResult  # noqa: E402
+from engine.kernels.triton import attention as kernels  # noqa: E402
+from engine.runner.cuda_attention import KernelAttentionMetadata  # noqa: E402
+from engine.core.scheduler import ScheduledChunk, ScheduleResult  # noqa: E402
 from tests.engine.random_llama import FakeSequence, write_random_llama  # noqa: E402
 
 # Only this module's tests run with the interpreter switched on (the fixture
@@ -302,8 +302,8 @@ def test_kernel_runner_matches_the_cpu_runner(tmp_path, heads, kv_heads, head_di
     """The CUDA path's runner, run by the interpreter on the CPU, computes the
     same hidden states as the CPU path's over prefill, a cached-prefix chunk,
     a mixed step and decodes, with shuffled pages."""
-    from engine.kernel_runner import KernelModelRunner
-    from engine.loader import load_model
+    from engine.runner.cuda import KernelModelRunner
+    from engine.formats.loader import load_model
     from engine.runner import ModelRunner
 
     folder = write_random_llama(
@@ -345,10 +345,10 @@ def test_kernel_runner_matches_the_cpu_runner(tmp_path, heads, kv_heads, head_di
 
 @in_process
 def test_kernel_metadata_is_what_the_attention_hook_dispatches_on() -> None:
-    from engine.attention import AttentionMetadata, paged_attention
+    from engine.model.attention import AttentionMetadata, paged_attention
 
     assert not issubclass(KernelAttentionMetadata, AttentionMetadata)
-    # A 1-token step through engine.attention.paged_attention reaches the kernels.
+    # A 1-token step through engine.model.attention.paged_attention reaches the kernels.
     k_cache = torch.zeros(1, 2, 4, 16)
     cache = type("Cache", (), {"k": k_cache, "v": torch.zeros_like(k_cache)})()
     meta = KernelAttentionMetadata(
@@ -375,9 +375,9 @@ def test_padded_static_decode_batch_equals_the_eager_step(tmp_path) -> None:
     """What a CUDA graph captures, run eagerly: a decode step packed into the
     static buffers and padded to a larger size gives the eager step's hidden
     states, and its padding rows write no page of the cache."""
-    from engine.cuda_graphs import pack_decode_inputs
-    from engine.kernel_runner import KernelModelRunner
-    from engine.loader import load_model
+    from engine.runner.cuda_graphs import pack_decode_inputs
+    from engine.runner.cuda import KernelModelRunner
+    from engine.formats.loader import load_model
 
     folder = write_random_llama(
         tmp_path / "m", heads=4, kv_heads=2, head_dim=16, window=None, seed=4
@@ -429,7 +429,7 @@ _COMPILE_FOR_GPUS = r"""
 import sys, torch, triton.language as tl
 from triton.compiler import ASTSource, compile
 from triton.backends.compiler import GPUTarget
-from engine import triton_attention as K
+from engine.kernels.triton import attention as K
 
 def build(fn, types, consts, arch):
     sig = {n: "constexpr" if n in consts else types[n] for n in fn.arg_names}
@@ -487,10 +487,10 @@ def test_kernels_compile_for_cuda_gpus() -> None:
 
 @in_process
 def test_activation_probe_through_the_kernels_is_a_plain_prefill(tmp_path) -> None:
-    """engine.memory measures the activation peak with the kernels' metadata
+    """engine.runner.memory measures the activation peak with the kernels' metadata
     on CUDA; on the CPU (interpreter) that forward equals the CPU runner's."""
-    from engine import memory
-    from engine.loader import load_model
+    from engine.runner import memory
+    from engine.formats.loader import load_model
     from engine.runner import ModelRunner
 
     folder = write_random_llama(

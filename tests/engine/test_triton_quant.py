@@ -1,7 +1,7 @@
 """The Triton quantized matmul against x @ dequantize().T, on the CPU, in Triton's interpreter.
 
 As in test_triton_kernels.py: TRITON_INTERPRET=1 must be set before triton is
-first imported. When triton (or engine.triton_quant) was imported earlier in
+first imported. When triton (or engine.kernels.triton.quant) was imported earlier in
 this process without it, the in-process tests skip and one test runs this
 module in a fresh interpreter process instead.
 """
@@ -26,9 +26,9 @@ triton = pytest.importorskip(
 import triton.language as tl  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
-from engine import triton_quant  # noqa: E402
-from engine.quant import FORMATS, quantize  # noqa: E402
-from engine.triton_quant import TritonQuantLinear, triton_quant_available  # noqa: E402
+from engine.kernels.triton import quant as triton_quant  # noqa: E402
+from engine.model.quant import FORMATS, quantize  # noqa: E402
+from engine.kernels.triton.quant import TritonQuantLinear, triton_quant_available  # noqa: E402
 
 if _previous_interpret is None:
     del os.environ["TRITON_INTERPRET"]

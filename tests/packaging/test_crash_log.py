@@ -117,7 +117,7 @@ def test_an_unwritable_log_folder_still_reports_on_stderr(tmp_path: Path, monkey
 
 
 def test_the_about_box_names_the_log_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ui.dialogs import about_text
+    from ui.dialogs.shortcuts import about_text
 
     monkeypatch.setenv("TANDEM_LOG_DIR", str(tmp_path / "my logs"))
     text = about_text("1.2.3", "cpu (float32)", "SmolLM2 <135M>")

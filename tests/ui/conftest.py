@@ -97,9 +97,9 @@ def tiny_engine_factory(tiny_model_dir: Path) -> Callable[[], Any]:
 def make_window(loop: asyncio.AbstractEventLoop, qtbot: Any, tiny_engine_factory: Callable[[], Any]) -> Iterator[Callable[..., Any]]:
     """make_window(panes=3, engine=None, **default_params) -> MainWindow on a ready workspace."""
     from app.settings import Settings
-    from app.workspace import Workspace
-    from engine.sampling import SamplingParams
-    from ui.main_window import MainWindow
+    from app.workspace.workspace import Workspace
+    from engine.params import SamplingParams
+    from ui.window.main_window import MainWindow
 
     windows: list[Any] = []
 

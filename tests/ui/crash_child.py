@@ -23,10 +23,10 @@ from PySide6.QtWidgets import QApplication
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from engine.default_model import data_dir  # noqa: E402
-from engine.sampling import SamplingParams  # noqa: E402
+from engine.formats.default_model import data_dir  # noqa: E402
+from engine.params import SamplingParams# noqa: E402
 from ui import main as tandem  # noqa: E402
-from ui.main_window import MainWindow  # noqa: E402
+from ui.window.main_window import MainWindow  # noqa: E402
 
 ENDLESS = SamplingParams(temperature=0.0, max_tokens=1500, ignore_eos=True)
 

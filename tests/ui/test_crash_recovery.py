@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from app.chat_store import ChatStore
+from app.store.chat_store import ChatStore
 
 CHILD = Path(__file__).with_name("crash_child.py")
 ROUNDS = 10

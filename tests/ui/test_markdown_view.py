@@ -6,7 +6,7 @@ from typing import Any
 
 from PySide6.QtGui import QGuiApplication
 
-from ui.markdown_view import AutoHeightText, Block, CodeBlockView, MarkdownView, split_blocks
+from ui.panes.markdown_view import AutoHeightText, Block, CodeBlockView, MarkdownView, split_blocks
 
 
 def test_split_blocks_separates_code_and_standalone_paragraphs() -> None:
@@ -65,7 +65,7 @@ def test_user_text_is_shown_as_typed(qtbot: Any) -> None:
 
 
 def test_highlight_marks_changed_words_and_clears(qtbot: Any) -> None:
-    from app.compare import word_diff
+    from app.workspace.compare import word_diff
 
     view = MarkdownView()
     qtbot.addWidget(view)

@@ -11,10 +11,10 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox, QPushButton
 
-from app.model_registry import ModelEntry, ModelRegistry
+from app.models.registry import ModelEntry, ModelRegistry
 from engine.progress import LoadProgress
 from tests.engine.test_gguf_import import TinyModel, write_gguf
-from ui.model_manager import ModelManagerDialog, ModelPicker, format_parameters
+from ui.dialogs.model_manager import ModelManagerDialog, ModelPicker, format_parameters
 from ui.theme import apply_theme, muted_text_color
 
 
@@ -331,7 +331,7 @@ def test_changing_a_loaded_models_choice_applies_at_the_next_load_or_now(
 def test_a_refused_choice_is_shown_and_the_saved_one_kept(
     dialog: ModelManagerDialog, registry: ModelRegistry, model_folder: Path, tmp_path: Path, qtbot: Any
 ) -> None:
-    from engine.loader import quantized_copy
+    from engine.formats.loader import quantized_copy
 
     dialog.add_folder(model_folder)
     # The folder's files are replaced by a quantized copy behind the dialog's back.

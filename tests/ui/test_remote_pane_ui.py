@@ -18,7 +18,7 @@ KEY = "sk-ui-k3y"
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path) -> Iterator[Any]:
     from engine import Engine
-    from engine.server import serve_in_thread
+    from engine.entrypoints.openai.server import serve_in_thread
 
     with Engine(tiny_model_dir, device="cpu", dtype="float32", threads=1) as engine:
         with serve_in_thread(engine, "tiny", api_key=KEY) as srv:

@@ -13,8 +13,8 @@ from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication, QComboBox, QDialog, QLabel, QWidget
 
 from app.settings import InvalidSettingsError, Settings
-from engine.sampling import SamplingParams
-from ui.settings_dialog import SettingsDialog, secondary_text_color
+from engine.params import SamplingParams
+from ui.dialogs.settings_dialog import SettingsDialog, secondary_text_color
 from ui.theme import apply_theme
 
 CUSTOM = Settings(

@@ -13,9 +13,9 @@ from PySide6.QtCore import Qt
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication, QLineEdit, QMessageBox
 
-from app.chat_store import ChatStore
-from app.conversation import Conversation
-from ui.sidebar import ChatSidebar, clean_title, relative_time
+from app.store.chat_store import ChatStore
+from app.workspace.conversation import Conversation
+from ui.widgets.sidebar import ChatSidebar, clean_title, relative_time
 from ui.theme import apply_theme
 
 NOW = dt.datetime(2026, 11, 30, 16, 20).timestamp()
@@ -38,7 +38,7 @@ def save_chat(store: ChatStore, when: float, question: str, reply: str, turns: i
         conversation.begin_reply([1, 2, 3])
         conversation.add_reply_delta(reply, [4, 5])
         conversation.end_reply("complete")
-    with mock.patch("app.chat_store.time.time", return_value=when):
+    with mock.patch("app.store.chat_store.time.time", return_value=when):
         store.save_conversation(conversation)
     return conversation
 

@@ -37,7 +37,7 @@ def replies_done(window: Any, count: int = 1) -> bool:
 
 @on_loop()
 async def test_broadcast_streams_into_the_right_panes(loop: Any, make_window: Any) -> None:
-    from engine.sampling import SamplingParams
+    from engine.params import SamplingParams
 
     window = make_window(panes=3)
     ws = window.workspace
@@ -247,7 +247,7 @@ async def test_settings_popover_changes_the_pane(loop: Any, make_window: Any) ->
 
 @on_loop()
 async def test_compare_highlights_word_differences(loop: Any, make_window: Any) -> None:
-    from engine.sampling import SamplingParams
+    from engine.params import SamplingParams
 
     window = make_window(panes=2)
     ws = window.workspace
@@ -353,8 +353,8 @@ async def test_view_follows_the_stream_unless_scrolled_up(loop: Any, make_window
 @on_loop()
 async def test_window_shows_loading_then_becomes_usable(loop: Any, tiny_model_dir: Any) -> None:
     from app.settings import Settings
-    from app.workspace import Workspace
-    from ui.main_window import MainWindow
+    from app.workspace.workspace import Workspace
+    from ui.window.main_window import MainWindow
 
     settings = Settings(model=str(tiny_model_dir), device="cpu", threads=1)
     workspace = Workspace(settings)

@@ -14,11 +14,11 @@ from tests.ui.conftest import on_loop, wait_until
 
 
 def _make(tmp_path: Path, engine_dir: Path, *, registry: Any = None, panes: int = 2) -> Any:
-    from app.session import ChatSession
+    from app.store.session import ChatSession
     from app.settings import Settings
-    from app.workspace import Workspace
-    from engine.sampling import SamplingParams
-    from ui.main_window import MainWindow
+    from app.workspace.workspace import Workspace
+    from engine.params import SamplingParams
+    from ui.window.main_window import MainWindow
 
     settings = Settings(model=str(engine_dir), device="cpu", dtype="float32", threads=1, kv_cache_mb=16)
     settings.default_params = SamplingParams(temperature=0.0, max_tokens=12)
@@ -146,7 +146,7 @@ async def test_a_store_that_refuses_writes_is_reported_and_nothing_is_lost(loop:
 
 @on_loop()
 async def test_the_header_picker_moves_a_pane_to_another_model(loop: Any, tiny_model_dir: Path, tmp_path: Path) -> None:
-    from app.model_registry import ModelRegistry
+    from app.models.registry import ModelRegistry
 
     other_dir = tmp_path / "other-tiny"
     shutil.copytree(tiny_model_dir, other_dir)

@@ -1,0 +1,172 @@
+"""`tandem chats ...`: the saved conversations from the command line, for scripts and for
+anyone who cannot open the window.
+
+    tandem chats list [--json] [--search TEXT]
+    tandem chats export ID --format md|json [-o FILE]
+    tandem chats import FILE.json
+
+ID may be any unique start of a conversation's id (`list` shows 8 characters).
+No Qt here, and `list` does not import torch: it reads the store only.
+Exit status: 0 done, 1 the store could not be used, 2 a wrong argument
+(unknown or ambiguous id, unreadable import file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import TextIO
+
+from app.store.chat_store import ChatStore, ConversationSummary, default_path
+from app.errors import AppError
+from app.files import write_text_atomically
+
+SHORT_ID = 8
+
+
+class _UsageError(AppError):
+    """A wrong argument (exit status 2)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tandem chats",
+        description="List, export and import the conversations Tandem saved.",
+        epilog="The store is chats.sqlite3 in Tandem's data folder ($TANDEM_DATA_DIR overrides the folder).",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    listing = commands.add_parser("list", help="the saved conversations, most recent first")
+    listing.add_argument(
+        "--json", action="store_true", help="print JSON (one object per conversation) instead of a table"
+    )
+    listing.add_argument("--search", metavar="TEXT", help="only conversations whose title or messages contain TEXT")
+
+    export = commands.add_parser("export", help="write one conversation as Markdown or JSON")
+    export.add_argument("id", metavar="ID", help="the conversation's id, or a unique start of it")
+    export.add_argument("--format", choices=("md", "json"), default="md", help="md (default) or json")
+    export.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of standard output")
+
+    imp = commands.add_parser("import", help="add a conversation from a Tandem JSON export")
+    imp.add_argument("file", metavar="FILE.json")
+    return parser
+
+
+def main(argv: list[str] | None = None, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+    out = stdout or sys.stdout
+    err = stderr or sys.stderr
+    args = build_parser().parse_args(argv)
+    path = default_path()
+    try:
+        if args.command == "import":
+            return _import(path, Path(args.file), out)
+        if not path.exists():
+            # Reading must not create a store where there was none.
+            if args.command == "list":
+                print("[]" if args.json else "No saved conversations.", file=out)
+                return 0
+            raise _UsageError(f"There are no saved conversations yet ({path} does not exist).")
+        with ChatStore.open(path, recover=False) as store:
+            if args.command == "list":
+                _list(store, args.json, args.search, out)
+            else:
+                _export(store, args.id, args.format, args.output, out)
+        return 0
+    except _UsageError as exc:
+        print(f"tandem chats: {exc}", file=err)
+        return 2
+    except AppError as exc:
+        print(f"tandem chats: {exc}", file=err)
+        return 1
+    except OSError as exc:
+        print(f"tandem chats: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=err)
+        return 1
+
+
+def _local(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp).astimezone().strftime("%Y-%m-%d %H:%M")
+
+
+def _summary_json(s: ConversationSummary) -> dict[str, object]:
+    return {
+        "id": s.id,
+        "title": s.title,
+        "created_at": s.created_at,
+        "updated_at": s.updated_at,
+        "message_count": s.message_count,
+        "model_id": s.model_id,
+        "preview": s.preview,
+    }
+
+
+def _list(store: ChatStore, as_json: bool, search: str | None, out: TextIO) -> None:
+    summaries = store.list_conversations(search)
+    if as_json:
+        json.dump([_summary_json(s) for s in summaries], out, ensure_ascii=False, indent=2)
+        out.write("\n")
+        return
+    if not summaries:
+        print("No conversations match." if search else "No saved conversations.", file=out)
+        return
+    rows = [
+        (s.id[:SHORT_ID], _local(s.updated_at), str(s.message_count), s.title or f"({s.preview[:60] or 'untitled'})")
+        for s in summaries
+    ]
+    headers = ("ID", "UPDATED", "MESSAGES", "TITLE")
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers[:3])]
+    for row in (headers, *rows):
+        print(f"{row[0]:<{widths[0]}}  {row[1]:<{widths[1]}}  {row[2]:>{widths[2]}}  {row[3]}", file=out)
+
+
+def _resolve(store: ChatStore, prefix: str) -> str:
+    if not prefix:
+        raise _UsageError("Give a conversation id (see `tandem chats list`).")
+    ids = store.find_ids(prefix)
+    if not ids:
+        raise _UsageError(f"No saved conversation has an id starting with {prefix!r}. See `tandem chats list`.")
+    if len(ids) > 1:
+        shown = ", ".join(ids[:5]) + (", ..." if len(ids) > 5 else "")
+        raise _UsageError(f"{prefix!r} starts {len(ids)} conversation ids ({shown}); give more of the id.")
+    return ids[0]
+
+
+def _export(store: ChatStore, prefix: str, fmt: str, output: str | None, out: TextIO) -> None:
+    conversation_id = _resolve(store, prefix)
+    from app.store import export as chat_export  # imports torch (through SamplingParams); only now that there is work
+
+    conversation = store.load_conversation(conversation_id)
+    if fmt == "json":
+        text = json.dumps(chat_export.to_json(conversation), ensure_ascii=False, indent=2) + "\n"
+    else:
+        text = chat_export.to_markdown(conversation)
+    if output is None:
+        out.write(text)
+        return
+    write_text_atomically(Path(output), text)
+
+
+def _import(path: Path, file: Path, out: TextIO) -> int:
+    from app.store.export import ChatImportError, from_json
+
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise _UsageError(f"{file} could not be read: {exc.strerror or exc}.") from None
+    except UnicodeDecodeError:
+        raise _UsageError(f"{file} is not a text file (expected a Tandem JSON export).") from None
+    except json.JSONDecodeError as exc:
+        raise _UsageError(f"{file} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}).") from None
+    try:
+        conversation = from_json(data)
+    except ChatImportError as exc:
+        raise _UsageError(f"{file}: {exc}") from None
+    with ChatStore.open(path, recover=False) as store:
+        store.save_conversation(conversation)
+    print(conversation.id, file=out)
+    return 0
+
+
+__all__ = ["build_parser", "main"]

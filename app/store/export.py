@@ -1,0 +1,369 @@
+"""Conversations out of Tandem and back in: Markdown, JSON, and a side-by-side comparison.
+
+JSON ("tandem-chat", version 1) carries every message with the model and
+sampling parameters that wrote it and its statistics, so a script can
+analyse a chat and Tandem can import it again. It leaves out two things on
+purpose: API keys of remote servers (never exported), and token ids (they
+belong to one model's tokenizer; an imported conversation is re-tokenized
+from its text on the next turn, so a file cannot feed a model ids that are
+not its own).
+
+    {"format": "tandem-chat", "version": 1, "exported_at": 1767225600.0,
+     "conversation": {"title", "created_at", "system_prompt", "model_id",
+                      "context_policy", "params": {...},
+                      "messages": [{"role", "text", "state", "created_at",
+                                    "model_id", "params", "stats", "error"}]}}
+
+Times are Unix seconds (UTC).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from app.store.chat_store import params_from_dict, params_to_dict, stats_from_dict, stats_to_dict
+from app.errors import AppError
+
+if TYPE_CHECKING:
+    from app.workspace.conversation import Conversation, Message
+
+FORMAT = "tandem-chat"
+FORMAT_VERSION = 1
+
+_ROLES = ("system", "user", "assistant", "notice")
+_STATES = ("complete", "streaming", "stopped", "interrupted", "error")
+_POLICIES = ("stop", "drop_oldest")
+
+
+class ChatImportError(AppError):
+    """A file that is not a chat Tandem can import; the message says what is wrong with it."""
+
+
+# -- JSON --------------------------------------------------------------------------
+
+
+def to_json(conversation: Conversation) -> dict[str, Any]:
+    """The conversation as a JSON-ready dict (see the module docstring)."""
+    return {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "exported_at": time.time(),
+        "conversation": {
+            "id": conversation.id,
+            "title": conversation.title,
+            "created_at": conversation.created_at,
+            "system_prompt": conversation.system_prompt,
+            "model_id": conversation.model_id,
+            "context_policy": conversation.context_policy,
+            "params": params_to_dict(conversation.params),
+            "messages": [_message_json(m) for m in conversation.messages],
+        },
+    }
+
+
+def _message_json(message: Message) -> dict[str, Any]:
+    return {
+        "role": message.role,
+        "text": message.text,
+        "state": message.state,
+        "created_at": message.created_at,
+        "model_id": message.model_id,
+        "params": None if message.params is None else params_to_dict(message.params),
+        "stats": None if message.stats is None else stats_to_dict(message.stats),
+        "error": message.error,
+    }
+
+
+def from_json(data: object) -> Conversation:
+    """A new conversation (with a new id) from `to_json`'s output. Raises ChatImportError."""
+    from app.workspace.conversation import Conversation, Message
+
+    top = _object(data, "The file")
+    if top.get("format") != FORMAT:
+        raise ChatImportError("This is not a Tandem chat export (its \"format\" is not \"tandem-chat\").")
+    version = top.get("version")
+    if not _is_int(version) or version < 1:
+        raise ChatImportError("The chat export has no valid \"version\" number.")
+    if version > FORMAT_VERSION:
+        raise ChatImportError(
+            f"The chat was exported by a newer version of Tandem (format version {version}; this version "
+            f"reads up to {FORMAT_VERSION}). Update Tandem to import it."
+        )
+    conv = _object(top.get("conversation"), "\"conversation\"")
+    where = "the conversation"
+    title = _string(conv, "title", where)
+    created_at = _time(conv, "created_at", where)
+    system_prompt = _string(conv, "system_prompt", where)
+    model_id = _string(conv, "model_id", where)
+    if not model_id:
+        raise ChatImportError("The conversation's \"model_id\" is empty.")
+    policy = _string(conv, "context_policy", where)
+    if policy not in _POLICIES:
+        raise ChatImportError(
+            f"The conversation's \"context_policy\" must be one of {', '.join(_POLICIES)}, not {policy!r}."
+        )
+    params = _params(conv.get("params"), where)
+    if params is None:
+        raise ChatImportError("The conversation has no sampling \"params\".")
+    raw_messages = conv.get("messages")
+    if not isinstance(raw_messages, list):
+        raise ChatImportError("The conversation's \"messages\" must be a list.")
+    messages: list[Message] = []
+    for i, raw in enumerate(raw_messages):
+        where = f"message {i + 1}"
+        item = _object(raw, where.capitalize())
+        role = _string(item, "role", where)
+        if role not in _ROLES:
+            raise ChatImportError(f"{where.capitalize()}: \"role\" must be one of {', '.join(_ROLES)}, not {role!r}.")
+        state = _string(item, "state", where)
+        if state not in _STATES:
+            raise ChatImportError(
+                f"{where.capitalize()}: \"state\" must be one of {', '.join(_STATES)}, not {state!r}."
+            )
+        messages.append(
+            Message(
+                role=role,  # type: ignore[arg-type]
+                text=_string(item, "text", where),
+                state=state,  # type: ignore[arg-type]
+                created_at=_time(item, "created_at", where),
+                model_id=_optional_string(item, "model_id", where),
+                params=_params(item.get("params"), where),
+                stats=_stats(item.get("stats"), where),
+                error=_optional_string(item, "error", where),
+            )
+        )
+    return Conversation.restore(
+        id=uuid.uuid4().hex,
+        title=title,
+        created_at=created_at,
+        system_prompt=system_prompt,
+        params=params,
+        model_id=model_id,
+        context_policy=policy,
+        messages=messages,
+        kept_ids=[],
+        turn_marks=[None] * len(messages),
+    )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _object(value: object, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ChatImportError(f"{what} must be a JSON object.")
+    return value
+
+
+def _string(data: dict[str, Any], key: str, where: str) -> str:
+    value = data.get(key)
+    if not isinstance(value, str):
+        raise ChatImportError(f"{where.capitalize()}: \"{key}\" must be text.")
+    return value
+
+
+def _optional_string(data: dict[str, Any], key: str, where: str) -> str | None:
+    value = data.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ChatImportError(f"{where.capitalize()}: \"{key}\" must be text or null.")
+    return value
+
+
+def _time(data: dict[str, Any], key: str, where: str) -> float:
+    value = data.get(key)
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0):
+        raise ChatImportError(f"{where.capitalize()}: \"{key}\" must be a time in seconds since 1970.")
+    return float(value)
+
+
+def _params(value: object, where: str) -> Any:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ChatImportError(f"{where.capitalize()}: \"params\" must be an object.")
+    try:
+        return params_from_dict(value)
+    except (ValueError, TypeError) as exc:
+        raise ChatImportError(f"{where.capitalize()}: the sampling parameters are not valid: {exc}") from None
+
+
+def _stats(value: object, where: str) -> Any:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ChatImportError(f"{where.capitalize()}: \"stats\" must be an object.")
+    numbers = ("generated_tokens", "prompt_tokens", "cached_prompt_tokens")
+    for key in numbers:
+        if not _is_int(value.get(key)) or value[key] < 0:
+            raise ChatImportError(f"{where.capitalize()}: stats \"{key}\" must be a whole number, at least 0.")
+    for key, optional in (("tokens_per_s", False), ("elapsed_s", False), ("ttft_s", True)):
+        v = value.get(key)
+        if optional and v is None:
+            continue
+        if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
+            raise ChatImportError(f"{where.capitalize()}: stats \"{key}\" must be a number, at least 0.")
+    reason = value.get("finish_reason")
+    if reason is not None and not isinstance(reason, str):
+        raise ChatImportError(f"{where.capitalize()}: stats \"finish_reason\" must be text or null.")
+    try:
+        return stats_from_dict(value)
+    except (ValueError, TypeError) as exc:
+        raise ChatImportError(f"{where.capitalize()}: the statistics are not valid ({exc}).") from None
+
+
+# -- Markdown ----------------------------------------------------------------------
+
+
+def _when(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _display_title(conversation: Conversation) -> str:
+    if conversation.title:
+        return conversation.title
+    from app.workspace.conversation import Conversation
+
+    first = next((m.text for m in conversation.messages if m.role == "user"), "")
+    return Conversation.auto_title(first) or "Untitled conversation"
+
+
+def _quote(text: str) -> str:
+    return "\n".join("> " + line if line else ">" for line in text.splitlines() or [""])
+
+
+def stats_line(message: Message) -> str:
+    """tokens · tok/s · time to first token · cached prompt tokens, for a reply with stats; "" otherwise."""
+    stats = message.stats
+    if stats is None:
+        return ""
+    parts = [f"{stats.generated_tokens} token{'' if stats.generated_tokens == 1 else 's'}"]
+    if stats.tokens_per_s > 0:
+        parts.append(f"{stats.tokens_per_s:.1f} tok/s")
+    if stats.ttft_s is not None:
+        parts.append(f"first token after {stats.ttft_s:.2f} s")
+    if stats.prompt_tokens:
+        parts.append(f"{stats.cached_prompt_tokens} of {stats.prompt_tokens} prompt tokens cached")
+    return " · ".join(parts)
+
+
+def _state_note(message: Message) -> str:
+    if message.state == "stopped":
+        return "Stopped before the end."
+    if message.state in ("interrupted", "streaming"):
+        return "Interrupted: Tandem closed while this reply was being written; this is what was saved."
+    if message.state == "error":
+        return f"Failed: {message.error}" if message.error else "Failed."
+    return ""
+
+
+def _message_markdown(message: Message, heading: str = "###") -> str:
+    if message.role == "notice":
+        return _quote(f"**Note:** {message.text}")
+    name = {"user": "User", "assistant": "Assistant", "system": "System"}[message.role]
+    if message.role == "assistant" and message.model_id:
+        name += f" ({message.model_id})"
+    parts = [f"{heading} {name}", "", message.text if message.text else "*(no text)*"]
+    footer = [x for x in (stats_line(message), _state_note(message)) if x]
+    if footer:
+        parts += ["", *(f"*{x}*" for x in footer)]
+    return "\n".join(parts)
+
+
+def _params_line(conversation: Conversation) -> str:
+    p = conversation.params
+    items = [f"temperature {p.temperature:g}", f"max tokens {p.max_tokens}"]
+    if p.top_k:
+        items.append(f"top-k {p.top_k}")
+    if p.top_p < 1:
+        items.append(f"top-p {p.top_p:g}")
+    if p.min_p > 0:
+        items.append(f"min-p {p.min_p:g}")
+    if p.repetition_penalty != 1:
+        items.append(f"repetition penalty {p.repetition_penalty:g}")
+    if p.seed is not None:
+        items.append(f"seed {p.seed}")
+    return ", ".join(items)
+
+
+def to_markdown(conversation: Conversation) -> str:
+    """The conversation as a Markdown document: title, model, system prompt, then every message."""
+    lines = [
+        f"# {_display_title(conversation)}",
+        "",
+        f"- Model: {conversation.model_id}",
+        f"- Started: {_when(conversation.created_at)}",
+        f"- Sampling: {_params_line(conversation)}",
+    ]
+    if conversation.system_prompt:
+        lines += ["", "## System prompt", "", _quote(conversation.system_prompt)]
+    lines += ["", "## Messages"]
+    for message in conversation.messages:
+        lines += ["", _message_markdown(message)]
+    return "\n".join(lines) + "\n"
+
+
+def comparison_markdown(panes: Sequence[tuple[str, Conversation]]) -> str:
+    """Several panes' conversations as one document, their replies to the same prompts next to each other.
+
+    One section per prompt (the n-th user message of each pane): the prompt
+    once when every pane was sent the same text, then each pane's reply
+    under the pane's name. Panes that were sent different text show their
+    own prompt above their reply.
+    """
+    lines = ["# Comparison", "", "| Pane | Model | Sampling | System prompt |", "| --- | --- | --- | --- |"]
+    for name, conv in panes:
+        system = " ".join(conv.system_prompt.split()) or "(none)"
+        lines.append(f"| {_cell(name)} | {_cell(conv.model_id)} | {_cell(_params_line(conv))} | {_cell(system)} |")
+    turns = [_turns(conv) for _, conv in panes]
+    count = max((len(t) for t in turns), default=0)
+    for n in range(count):
+        # The panes that have an n-th prompt: is it the same text in all of them?
+        prompts = {t[n][0].text for t in turns if n < len(t) and t[n][0] is not None}
+        same = len(prompts) == 1
+        lines += ["", f"## Prompt {n + 1}"]
+        if same:
+            lines += ["", _quote(next(iter(prompts)))]
+        for (name, _), pane_turns in zip(panes, turns):
+            lines += ["", f"### {name}"]
+            if n >= len(pane_turns):
+                lines += ["", "*(no message in this pane)*"]
+                continue
+            prompt, replies = pane_turns[n]
+            if not same and prompt is not None:
+                lines += ["", _quote(prompt.text)]
+            if not replies:
+                lines += ["", "*(no reply)*"]
+            for reply in replies:
+                lines += ["", _message_markdown(reply, "####")]
+    return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _turns(conversation: Conversation) -> list[tuple[Message | None, list[Message]]]:
+    """(user message, the messages after it up to the next one).
+
+    Anything before the first user message (a notice) goes with the first
+    turn, so prompt n is the n-th user message in every pane.
+    """
+    turns: list[tuple[Message | None, list[Message]]] = []
+    leading: list[Message] = []
+    for message in conversation.messages:
+        if message.role == "user":
+            turns.append((message, leading if not turns else []))
+            leading = []
+        elif turns:
+            turns[-1][1].append(message)
+        else:
+            leading.append(message)
+    if leading:  # no user message at all
+        turns.append((None, leading))
+    return turns

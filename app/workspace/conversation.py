@@ -1,0 +1,465 @@
+"""One pane's conversation: its messages, and the token ids the model saw.
+
+The kept ids are the conversation exactly as the model was fed it and
+generated it: prompt ids plus generated ids, turn after turn. A new turn's
+prompt is those ids plus what the chat template adds for the new message
+(`Tokenizer.encode_next_turn`), so it starts with every page the previous
+turn left in the prefix cache. Re-tokenizing earlier replies from their text
+would give other ids and silently miss the cache, so replies are never
+re-tokenized: for each message that closes a turn the conversation remembers
+how many kept ids cover the conversation up to it, and cutting the
+conversation back (regenerate, edit, fork) cuts the kept ids at that mark.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from engine.params import SamplingParams
+
+from app.errors import MessageIndexError
+
+if TYPE_CHECKING:
+    from engine.core.sequence import RequestOutput, StreamEvent
+    from engine.model.tokenizer import Tokenizer
+
+# "notice": a note for the user in the conversation (older turns dropped to
+# fit the context, say); never sent to the model.
+Role = Literal["system", "user", "assistant", "notice"]
+# "interrupted": the app ended (crashed) while the reply streamed; it keeps
+# what its last checkpoint saved.
+MessageState = Literal["complete", "streaming", "stopped", "interrupted", "error"]
+ContextPolicy = Literal["stop", "drop_oldest"]
+CONTEXT_POLICIES: tuple[str, ...] = ("stop", "drop_oldest")
+
+DEFAULT_MODEL_ID = "default"
+
+
+@dataclass(slots=True)
+class ReplyStats:
+    """What the engine did for one reply; live while it streams, final after."""
+
+    generated_tokens: int
+    tokens_per_s: float  # decode speed: tokens after the first over the time after the first
+    ttft_s: float | None  # time to first token
+    prompt_tokens: int
+    cached_prompt_tokens: int  # prompt tokens served from the prefix cache
+    finish_reason: str | None  # None while streaming; "stop" | "length" | "abort" | "error"
+    elapsed_s: float
+
+    @staticmethod
+    def _rate(generated: int, elapsed: float, ttft: float | None) -> float:
+        if ttft is None or generated < 2 or elapsed <= ttft:
+            return 0.0
+        return (generated - 1) / (elapsed - ttft)
+
+    @classmethod
+    def from_event(cls, event: StreamEvent) -> ReplyStats:
+        """Live stats from a stream event's running figures."""
+        return cls(
+            generated_tokens=event.num_generated,
+            tokens_per_s=cls._rate(event.num_generated, event.elapsed_s, event.ttft_s),
+            ttft_s=event.ttft_s,
+            prompt_tokens=event.prompt_tokens,
+            cached_prompt_tokens=event.cached_prompt_tokens,
+            finish_reason=None,
+            elapsed_s=event.elapsed_s,
+        )
+
+    @classmethod
+    def from_output(cls, output: RequestOutput) -> ReplyStats:
+        """Final stats from a finished request's record."""
+        m = output.metrics
+        end = m.finish_time if m.finish_time is not None else m.arrival_time
+        elapsed = max(0.0, end - m.arrival_time)
+        ttft = m.time_to_first_token
+        return cls(
+            generated_tokens=len(output.token_ids),
+            tokens_per_s=cls._rate(len(output.token_ids), elapsed, ttft),
+            ttft_s=ttft,
+            prompt_tokens=m.prompt_tokens,
+            cached_prompt_tokens=m.cached_prompt_tokens,
+            finish_reason=output.finish_reason,
+            elapsed_s=elapsed,
+        )
+
+
+@dataclass(slots=True)
+class Message:
+    role: Role
+    text: str
+    # assistant: the generated ids (a stopping end token included); user/system: [].
+    token_ids: list[int] = field(default_factory=list)
+    state: MessageState = "complete"
+    stats: ReplyStats | None = None
+    error: str | None = None
+    created_at: float = field(default_factory=time.time)
+    # assistant: the model that wrote it and the sampling it used.
+    model_id: str | None = None
+    params: SamplingParams | None = None
+
+    @property
+    def to_model(self) -> bool:
+        """Whether the message is part of what the model is fed."""
+        return self.role != "notice" and self.state != "error"
+
+
+@dataclass(slots=True)
+class _Turn:
+    """The reply being written: where it is and the prompt it answers."""
+
+    index: int
+    prompt_ids: list[int]
+
+
+class Conversation:
+    """Messages plus the token ids that cover them.
+
+    The conversation does not talk to the engine: the workspace asks it for
+    the next prompt (`next_prompt`), submits it, and reports back with
+    `begin_reply` / `add_reply_delta` / `end_reply`.
+    """
+
+    def __init__(
+        self,
+        *,
+        system_prompt: str = "",
+        params: SamplingParams | None = None,
+        model_id: str = DEFAULT_MODEL_ID,
+        context_limit: int = 0,
+        context_policy: ContextPolicy = "stop",
+        title: str = "",
+    ) -> None:
+        if context_policy not in CONTEXT_POLICIES:
+            raise ValueError(f"context_policy must be one of {CONTEXT_POLICIES}, not {context_policy!r}")
+        self.id = uuid.uuid4().hex  # the chat store's key; a fork is a new conversation
+        self.title = title  # "" until the first message names it (auto_title)
+        self.created_at = time.time()
+        self.system_prompt = system_prompt
+        self.params = params if params is not None else SamplingParams()
+        self.model_id = model_id
+        # The model's context in tokens; 0 until a model is loaded.
+        self.context_limit = context_limit
+        # What to do when the next turn does not fit the context: refuse it,
+        # or leave the oldest turns out of the prompt (they stay on screen).
+        self.context_policy: ContextPolicy = context_policy
+        self.messages: list[Message] = []
+        self._kept_ids: list[int] = []
+        # _kept_after[i]: how many kept ids cover messages[: i + 1], for a
+        # message that closed a turn; None for the others (a user message is
+        # only ever fed together with the generation prompt after it).
+        self._kept_after: list[int | None] = []
+        self._turn: _Turn | None = None
+
+    @classmethod
+    def restore(
+        cls,
+        *,
+        id: str,  # noqa: A002 - the stored record's name for it
+        title: str,
+        created_at: float,
+        system_prompt: str,
+        params: SamplingParams,
+        model_id: str,
+        context_policy: str,
+        messages: Sequence[Message],
+        kept_ids: Sequence[int],
+        turn_marks: Sequence[int | None],
+    ) -> Conversation:
+        """A conversation as the chat store saved it.
+
+        A reply saved while it streamed (the app ended before it did) comes
+        back "interrupted" with the text it had. Marks that do not fit the
+        kept ids are dropped: the next turn then renders afresh instead of
+        feeding the model ids that do not belong to this text.
+        """
+        conversation = cls(
+            system_prompt=system_prompt,
+            params=params,
+            model_id=model_id,
+            context_policy=context_policy if context_policy in CONTEXT_POLICIES else "stop",  # type: ignore[arg-type]
+            title=title,
+        )
+        conversation.id = id
+        conversation.created_at = created_at
+        conversation.messages = list(messages)
+        for message in conversation.messages:
+            if message.state == "streaming":
+                message.state = "interrupted"
+        conversation._kept_ids = list(kept_ids)
+        marks = list(turn_marks)[: len(messages)]
+        marks += [None] * (len(messages) - len(marks))
+        conversation._kept_after = [m if m is not None and 0 < m <= len(kept_ids) else None for m in marks]
+        # An interrupted reply's ids were never confirmed as part of the
+        # conversation: its text is kept, its turn is rendered afresh.
+        for i, message in enumerate(conversation.messages):
+            if message.state in ("interrupted", "error"):
+                conversation._kept_after[i] = None
+        last = max((m for m in conversation._kept_after if m is not None), default=0)
+        conversation._kept_ids = conversation._kept_ids[:last]
+        return conversation
+
+    @staticmethod
+    def auto_title(text: str, limit: int = 60) -> str:
+        """A title from the first message: its first line, whitespace collapsed, cut at a word."""
+        line = next((ln for ln in text.strip().splitlines() if ln.strip()), "")
+        line = re.sub(r"\s+", " ", line).strip()
+        if len(line) <= limit:
+            return line
+        cut = line[: limit - 1]
+        if " " in cut[limit // 2 :]:
+            cut = cut[: cut.rindex(" ")]
+        return cut.rstrip(" ,.;:-") + "…"
+
+    @property
+    def turn_marks(self) -> list[int | None]:
+        """For each message, how many kept ids cover the conversation up to it (None: not a turn's end)."""
+        return list(self._kept_after)
+
+    # -- what the model sees ---------------------------------------------
+
+    @property
+    def kept_ids(self) -> list[int]:
+        """The ids of the conversation up to its last finished reply, as fed and generated."""
+        return list(self._kept_ids)
+
+    @property
+    def context_used(self) -> int:
+        """Tokens of the model's context the conversation takes (the reply being written included)."""
+        if self._turn is not None:
+            return len(self._turn.prompt_ids) + len(self.messages[self._turn.index].token_ids)
+        return len(self._kept_ids)
+
+    @property
+    def streaming(self) -> bool:
+        return self._turn is not None
+
+    @property
+    def streaming_index(self) -> int | None:
+        return None if self._turn is None else self._turn.index
+
+    def context_start(self, upto: int | None = None) -> int:
+        """Index of the first message of messages[:upto] the model is fed: the
+        one after the last notice (a notice marks where older turns were left out)."""
+        upto = len(self.messages) if upto is None else upto
+        for i in range(min(upto, len(self.messages)) - 1, -1, -1):
+            if self.messages[i].role == "notice":
+                return i + 1
+        return 0
+
+    def chat_messages(
+        self, upto: int | None = None, user_text: str | None = None, start: int | None = None
+    ) -> list[dict[str, str]]:
+        """The conversation as chat-template messages: system prompt,
+        messages[start:upto], then user_text. `start` defaults to
+        `context_start(upto)`.
+
+        A reply that failed and notices are left out: the model never produced them.
+        """
+        upto = len(self.messages) if upto is None else upto
+        start = self.context_start(upto) if start is None else start
+        chat: list[dict[str, str]] = []
+        if self.system_prompt:
+            chat.append({"role": "system", "content": self.system_prompt})
+        for message in self.messages[start:upto]:
+            if message.to_model:
+                chat.append({"role": message.role, "content": message.text})
+        if user_text is not None:
+            chat.append({"role": "user", "content": user_text})
+        return chat
+
+    def kept_ids_for(self, upto: int) -> list[int]:
+        """The kept ids that cover messages[:upto] (up to the last turn boundary within them)."""
+        for i in range(min(upto, len(self.messages)) - 1, -1, -1):
+            mark = self._kept_after[i]
+            if mark is not None:
+                return self._kept_ids[:mark]
+        return []
+
+    def next_prompt(self, tokenizer: Tokenizer, user_text: str | None = None, upto: int | None = None) -> list[int]:
+        """Prompt ids for a reply to messages[:upto] (all by default) followed by `user_text`.
+
+        Changes nothing: the caller submits the prompt and only then records
+        the turn, so a prompt the engine refuses leaves the conversation as it was.
+        Without `user_text`, messages[:upto] must end with a user message.
+        """
+        upto = len(self.messages) if upto is None else upto
+        self._require_user_message(upto, user_text)
+        return tokenizer.encode_next_turn(self.kept_ids_for(upto), self.chat_messages(upto, user_text))
+
+    def prompt_dropping_oldest(
+        self, tokenizer: Tokenizer, budget: int, user_text: str | None = None, upto: int | None = None
+    ) -> tuple[list[int], int] | None:
+        """The prompt of `next_prompt` with the oldest turns left out until it is
+        at most `budget` tokens; returns (prompt, start) where messages[start:upto]
+        are the ones kept, or None when even the newest message alone does not fit.
+
+        The system prompt is always kept. Turns are dropped whole (a user
+        message with its replies), and the prompt is rendered afresh from what
+        is kept, so the turns after it extend it and hit the cache again.
+        """
+        upto = len(self.messages) if upto is None else upto
+        self._require_user_message(upto, user_text)
+        first = self.context_start(upto)
+        # Candidate starts: each user message after the current start, oldest
+        # first; without user_text the last user message must stay.
+        starts = [i for i in range(first + 1, upto) if self.messages[i].role == "user"]
+        if user_text is not None:
+            starts.append(upto)
+        # Dropping more turns never lengthens the prompt, so the oldest start
+        # that fits is found by bisection: a few encodes of the conversation on
+        # the GUI thread, not one per turn.
+        found: tuple[list[int], int] | None = None
+        lo, hi = 0, len(starts) - 1
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            prompt = tokenizer.encode_chat(self.chat_messages(upto, user_text, start=starts[mid]))
+            if len(prompt) <= budget:
+                found, hi = (prompt, starts[mid]), mid - 1
+            else:
+                lo = mid + 1
+        return found
+
+    def insert_notice(self, index: int, text: str) -> int:
+        """Insert a notice before messages[index]; the model is fed only what follows it."""
+        self._require_idle()
+        if not 0 <= index <= len(self.messages):
+            raise MessageIndexError(f"Cannot insert a notice at {index} of {len(self.messages)} messages.")
+        self.messages.insert(index, Message("notice", text))
+        self._kept_after.insert(index, None)
+        return index
+
+    def _require_user_message(self, upto: int, user_text: str | None) -> None:
+        if user_text is None:
+            last = next((m for m in reversed(self.messages[:upto]) if m.to_model), None)
+            if last is None or last.role != "user":
+                raise MessageIndexError("There is no user message to reply to.")
+
+    # -- recording a turn ----------------------------------------------------
+
+    def append_user(self, text: str) -> int:
+        self._require_idle()
+        self.messages.append(Message("user", text))
+        self._kept_after.append(None)
+        return len(self.messages) - 1
+
+    def begin_reply(self, prompt_ids: list[int]) -> int:
+        """Add the (empty, streaming) reply that `prompt_ids` asks for; returns its index."""
+        self._require_idle()
+        if not self.title:
+            first = next((m.text for m in self.messages if m.role == "user"), "")
+            self.title = self.auto_title(first)
+        self.messages.append(
+            Message("assistant", "", state="streaming", model_id=self.model_id, params=self.params)
+        )
+        self._kept_after.append(None)
+        self._turn = _Turn(len(self.messages) - 1, list(prompt_ids))
+        return self._turn.index
+
+    def add_reply_delta(self, text: str, token_ids: list[int], stats: ReplyStats | None = None) -> Message:
+        message = self._streaming_message()
+        message.text += text
+        message.token_ids.extend(token_ids)
+        if stats is not None:
+            message.stats = stats
+        return message
+
+    def end_reply(
+        self,
+        state: MessageState,
+        *,
+        text: str | None = None,
+        token_ids: list[int] | None = None,
+        stats: ReplyStats | None = None,
+        error: str | None = None,
+    ) -> Message:
+        """Close the streaming reply: "complete", "stopped" (kept as far as it got) or "error".
+
+        `text` / `token_ids`, when given, are the engine's final record and
+        replace what the deltas added up to. A complete or stopped reply's ids
+        extend the kept ids; a failed one leaves them as they were.
+        """
+        if state == "streaming":
+            raise ValueError("end_reply needs a final state")
+        message = self._streaming_message()
+        turn = self._turn
+        assert turn is not None
+        if text is not None:
+            message.text = text
+        if token_ids is not None:
+            message.token_ids = list(token_ids)
+        if stats is not None:
+            message.stats = stats
+        message.state = state
+        message.error = error
+        if state != "error":
+            self._adopt_prompt(turn.prompt_ids)
+            self._kept_ids = turn.prompt_ids + message.token_ids
+            self._kept_after[turn.index] = len(self._kept_ids)
+        self._turn = None
+        return message
+
+    def _adopt_prompt(self, prompt_ids: list[int]) -> None:
+        """Forget turn marks the prompt does not extend.
+
+        The prompt starts with the kept ids unless the chat template rewrote
+        earlier turns (or the system prompt changed); then the old marks no
+        longer index into the new kept ids.
+        """
+        for i, mark in enumerate(self._kept_after):
+            if mark is not None and (mark > len(prompt_ids) or prompt_ids[:mark] != self._kept_ids[:mark]):
+                self._kept_after[i] = None
+
+    # -- cutting back and copying ----------------------------------------
+
+    def truncate(self, length: int) -> None:
+        """Keep messages[:length] and the kept ids that cover them."""
+        self._require_idle()
+        if not 0 <= length <= len(self.messages):
+            raise MessageIndexError(f"Cannot keep {length} messages of {len(self.messages)}.")
+        self._kept_ids = self.kept_ids_for(length)
+        del self.messages[length:]
+        del self._kept_after[length:]
+
+    def fork(self, upto_message_index: int) -> Conversation:
+        """A new conversation holding messages[: upto_message_index + 1] and the kept ids that cover them.
+
+        Its next turn starts with those ids, so it reuses the pages this
+        conversation left in the prefix cache.
+        """
+        if not 0 <= upto_message_index < len(self.messages):
+            raise MessageIndexError(
+                f"Message {upto_message_index} does not exist; the conversation has {len(self.messages)}."
+            )
+        if self._turn is not None and upto_message_index >= self._turn.index:
+            raise MessageIndexError("A reply that is still being written cannot be forked; wait for it or stop it.")
+        length = upto_message_index + 1
+        other = Conversation(
+            system_prompt=self.system_prompt,
+            params=self.params,
+            model_id=self.model_id,
+            context_limit=self.context_limit,
+            context_policy=self.context_policy,
+            title=f"{self.title} (fork)" if self.title else "",
+        )
+        other.messages = copy.deepcopy(self.messages[:length])
+        other._kept_after = list(self._kept_after[:length])
+        other._kept_ids = self.kept_ids_for(length)
+        return other
+
+    # -- helpers -------------------------------------------------------------
+
+    def _streaming_message(self) -> Message:
+        if self._turn is None:
+            raise RuntimeError("No reply is being written")
+        return self.messages[self._turn.index]
+
+    def _require_idle(self) -> None:
+        if self._turn is not None:
+            raise RuntimeError("A reply is still being written")

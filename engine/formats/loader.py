@@ -1,0 +1,663 @@
+"""Load a Hugging Face checkpoint folder into an engine.model.llama.LlamaModel.
+
+Only safetensors are read: pickle checkpoints (.bin/.pt) can run arbitrary
+code when loaded, so a folder that has nothing else is refused.
+
+A folder whose config.json has a "quantization" section (written by the GGUF
+importer, see engine.model.quant) stores some weights block-quantized. They are
+either run by weight-only quantized kernels (`quantized="kernel"`: the
+weights stay at 4.5-8.5 bits in memory, one copy each) or dequantized once
+here to the load dtype (`quantized="dequantize"`: float memory; fp32 takes
+3.8x the bytes of q8_0, 6.4x those of q4_1, 7.1x those of q4_0).
+"auto" runs the kernels wherever the device has them: on the CPU when
+engine.model.quant.cpu_kernel_available() says the native kernel works, on CUDA
+when engine.kernels.triton.quant can run there; otherwise it dequantizes. A
+one-sequence decode step reads every weight once, so it gains from reading
+4.5-8.5 bits per weight instead of 16 or 32.
+
+`quantize="int8" | "int4"` quantizes a float checkpoint at load (the layers'
+matrices to q8_0 / q4_1; the embedding and LM head to q8_0 in both, as
+llama.cpp's 4-bit mixes keep them at 6-8 bits). The result is cached as a
+folder under models_dir(), stamped with the source files' sizes and mtimes,
+so the next load reads it instead of quantizing again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import secrets
+import shutil
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from engine.model.config import ModelConfig
+from engine.errors import ModelLoadError, PickleCheckpointError
+from engine.model.linear import Linear
+from engine.model.llama import LayerWeights, LlamaModel, Product
+from engine.progress import LoadReporter, ProgressCallback, as_reporter
+from engine.model.quant import (
+    FOLDER_FORMAT_VERSION,
+    GROUP_SIZE,
+    ConcatLinear,
+    QuantizedTensor,
+    QuantLinear,
+    cpu_kernel_available,
+    cpu_kernel_expected,
+)
+from engine.model.quant import (
+    quantize as quantize_weight,
+)
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+QUANTIZED_COMPUTE = ("auto", "kernel", "dequantize")
+# --quantize choice -> the format of the layers' matrices.
+QUANTIZE_MODES = {"int8": "q8_0", "int4": "q4_1"}
+_QUANTIZED_LAYER_WEIGHTS = (
+    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+)
+# Bump when quantized copies of the same source change.
+_QUANTIZED_COPY_VERSION = 1
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    if isinstance(device, torch.device):
+        return device
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelLoadError(
+            "CUDA was asked for but this PyTorch build sees no CUDA GPU "
+            "(install a CUDA build of torch, see README, or use --device cpu)"
+        )
+    if device != "cpu" and not device.startswith("cuda"):
+        raise ModelLoadError(f"Unknown device '{device}': use auto, cpu or cuda")
+    return torch.device(device)
+
+
+def cpu_has_native_bf16() -> bool:
+    """True when the CPU has bf16 dot-product instructions (AVX512-BF16 or AMX).
+
+    Without them bf16 matmuls are emulated and slower than fp32.
+    """
+    cpu = torch.cpu
+    return bool(cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported())
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"Unknown dtype '{dtype}': use auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def _safetensors_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ModelLoadError(f"{index} is not a valid safetensors index: {exc}") from exc
+        files = sorted({folder / name for name in weight_map.values()})
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise ModelLoadError(
+                f"{folder} is incomplete: shard(s) {', '.join(missing)} named in "
+                f"{index.name} are missing"
+            )
+        return files
+    files = sorted(folder.glob("*.safetensors"))
+    if files:
+        return files
+    pickles = sorted(
+        p.name for pattern in ("*.bin", "*.pt", "*.pth", "*.ckpt") for p in folder.glob(pattern)
+    )
+    if pickles:
+        raise PickleCheckpointError(
+            f"{folder} only has pickle checkpoints ({', '.join(pickles)}). Tandem does not "
+            "load them because unpickling can run arbitrary code; convert the model to "
+            "safetensors or use a GGUF file"
+        )
+    raise ModelLoadError(
+        f"{folder} has no weights: a model folder needs model.safetensors (or the "
+        "*.safetensors shards of model.safetensors.index.json) next to its config.json"
+    )
+
+
+# Safetensors dtype names -> torch dtypes (the ones checkpoints hold).
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool,
+}
+
+
+def _iter_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of the files, each read into memory of its own.
+
+    Read, not mapped: safetensors' tensors are views of the file's mapping,
+    which then stays mapped while any of them lives, and every page read
+    through it counts as resident. The weights stacked at load (q/k/v,
+    gate/up) are copies, so their parts' pages would stay resident beside
+    them: measured on a 1.1B Q4_0 model, 555 MiB of the 591 MiB file
+    mapped on top of 385 MiB of stacked copies.
+    """
+    for path in files:
+        try:
+            yield from _read_safetensors(path)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ModelLoadError(f"{path} is not a readable safetensors file: {exc}") from exc
+
+
+def _read_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    with open(path, "rb", buffering=0) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        header_len = int.from_bytes(_read_exactly(handle, 8), "little")
+        if header_len > size - 8:
+            raise ValueError(f"header of {header_len} bytes in a file of {size}")
+        header = json.loads(_read_exactly(handle, header_len))
+        start = 8 + header_len
+        entries = sorted(
+            ((name, entry) for name, entry in header.items() if name != "__metadata__"),
+            key=lambda item: item[1]["data_offsets"][0],
+        )
+        for name, entry in entries:
+            dtype = _SAFETENSORS_DTYPES.get(entry["dtype"])
+            if dtype is None:
+                raise ValueError(f"tensor {name!r} has the unsupported dtype {entry['dtype']!r}")
+            shape = [int(dim) for dim in entry["shape"]]
+            begin, end = (int(offset) for offset in entry["data_offsets"])
+            nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+            if end - begin != nbytes or begin < 0 or start + end > size:
+                raise ValueError(f"tensor {name!r}: offsets {begin}..{end} do not hold {shape} {entry['dtype']}")
+            buffer = torch.empty(nbytes, dtype=torch.uint8)
+            handle.seek(start + begin)
+            _read_into(handle, memoryview(buffer.numpy()))
+            yield name, buffer.view(dtype).reshape(shape)
+
+
+def _read_exactly(handle: BinaryIO, count: int) -> bytes:
+    data = handle.read(count)
+    if len(data) != count:
+        raise ValueError("the file ends early")
+    return data
+
+
+def _read_into(handle: BinaryIO, view: memoryview) -> None:
+    done = 0
+    while done < len(view):
+        got = handle.readinto(view[done:])
+        if not got:
+            raise ValueError("the file ends early")
+        done += got
+
+
+def _count_tensors(files: list[Path]) -> int:
+    """How many tensors the files hold (reads only their headers)."""
+    count = 0
+    for path in files:
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as handle:
+                count += len(handle.keys())
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise ModelLoadError(f"{path} is not a readable safetensors file: {exc}") from exc
+    return count
+
+
+def quantized_formats(folder: Path) -> dict[str, str]:
+    """Weight name -> engine.model.quant format, from config.json's "quantization"
+    section ({} for a float checkpoint)."""
+    path = folder / "config.json"
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path} is not valid JSON: {exc}") from exc
+    section = raw.get("quantization") if isinstance(raw, dict) else None
+    if section is None:
+        return {}
+    if not isinstance(section, dict) or section.get("method") != "tandem-blocks":
+        raise ModelLoadError(
+            f"{path}: the quantization method {section.get('method') if isinstance(section, dict) else section!r} "
+            "is not one Tandem runs; use a float checkpoint or a GGUF file of this model."
+        )
+    if section.get("version") != FOLDER_FORMAT_VERSION:
+        raise ModelLoadError(
+            f"{path}: quantized folder version {section.get('version')!r} was written by another "
+            f"Tandem (this one reads version {FOLDER_FORMAT_VERSION}); import the GGUF file again."
+        )
+    tensors = section.get("tensors")
+    if not isinstance(tensors, dict) or not all(isinstance(v, str) for v in tensors.values()):
+        raise ModelLoadError(f"{path}: the quantization section has no valid 'tensors' map.")
+    return dict(tensors)
+
+
+def resolve_quantized_compute(
+    quantized: str, device: torch.device, asked: bool = False, *, probe: bool = True
+) -> str:
+    """"kernel" or "dequantize" for a folder with quantized weights on
+    `device`; `asked`: the caller quantized them (`quantize`), for the
+    memory, so they are never silently dequantized. `probe=False` predicts
+    instead of building and checking the CPU kernels (a memory estimate on
+    the GUI thread must not wait for a compiler)."""
+    if quantized not in QUANTIZED_COMPUTE:
+        raise ModelLoadError(f"Unknown quantized compute '{quantized}': use {', '.join(QUANTIZED_COMPUTE)}")
+    if quantized == "dequantize":
+        return "dequantize"
+    if quantized_kernel_available(device, probe=probe):
+        return "kernel"
+    if asked:
+        raise ModelLoadError(
+            f"Quantizing at load keeps the weights quantized, but no quantized kernel runs on "
+            f"{device.type} in this installation (on the CPU the kernels need a C compiler the first "
+            "time); load the model without quantizing it."
+        )
+    if quantized == "kernel" and device.type == "cpu":
+        raise ModelLoadError(
+            "The CPU quantized kernel is not usable in this installation; load with "
+            "quantized='dequantize'."
+        )
+    if quantized == "kernel":
+        log.warning("No quantized kernel runs on %s here: the weights are dequantized at load", device)
+    return "dequantize"
+
+
+def quantized_kernel_available(device: torch.device, *, probe: bool = True) -> bool:
+    """Whether block-quantized weights can run quantized on `device`."""
+    if device.type == "cpu":
+        return cpu_kernel_available() if probe else cpu_kernel_expected()
+    if device.type != "cuda":
+        return False
+    try:
+        from engine.kernels.triton.quant import triton_quant_available
+    except ImportError as exc:  # no triton in this installation
+        log.info("Triton quantized kernels are unavailable: %s", exc)
+        return False
+    return bool(triton_quant_available(device))
+
+
+def _quant_linear(device: torch.device) -> Callable[[QuantizedTensor, torch.Tensor | None], Product]:
+    """The quantized product class of `device` (its kernel is available)."""
+    if device.type == "cpu":
+        return QuantLinear
+    from engine.kernels.triton.quant import TritonQuantLinear
+
+    return lambda weight, bias: TritonQuantLinear(_on_device(weight, device), bias)
+
+
+def _on_device(weight: QuantizedTensor, device: torch.device) -> QuantizedTensor:
+    """`weight` itself when it is on `device` already (a tied table stays one object)."""
+    here = weight.data.device
+    if here.type == device.type and (device.index is None or here.index == device.index):
+        return weight
+    return weight.to(device)
+
+
+def load_model(
+    folder: str | Path,
+    device: str | torch.device = "auto",
+    dtype: str | torch.dtype = "auto",
+    *,
+    on_progress: ProgressCallback | LoadReporter | None = None,
+    cancel: threading.Event | None = None,
+    quantized: str = "auto",
+    quantize: str | None = None,
+) -> LlamaModel:
+    """Load a checkpoint folder. "weights" progress counts tensors read and
+    then layers placed on the device; setting `cancel` stops between two of
+    those steps with LoadCancelled. `quantized` says how block-quantized
+    weights run, `quantize` ("int8", "int4") quantizes a float checkpoint
+    first (see the module docstring); a folder that is quantized already
+    (an imported GGUF file) keeps its formats."""
+    reporter = as_reporter(on_progress, cancel)
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ModelLoadError(f"Model folder not found: {folder}")
+    config = ModelConfig.from_folder(folder)
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    if quantize is not None and quantize not in QUANTIZE_MODES:
+        raise ModelLoadError(f"Unknown quantization '{quantize}': use {', '.join(QUANTIZE_MODES)}")
+    formats = quantized_formats(folder)
+    if quantize is not None and not formats:
+        resolve_quantized_compute(quantized, dev, asked=True)  # refuse before the work
+        folder = quantized_copy(folder, quantize, on_progress=reporter)
+        formats = quantized_formats(folder)
+    compute = resolve_quantized_compute(quantized, dev, quantize is not None) if formats else "dequantize"
+    quant_linear = _quant_linear(dev) if compute == "kernel" else None
+
+    files = _safetensors_files(folder)
+    total = _count_tensors(files) + config.num_hidden_layers + 1
+    detail = (
+        f"Loading the weights of {folder.name} onto {dev.type} as "
+        f"{str(dt).removeprefix('torch.')}"
+    )
+    done = 0
+    reporter.report("weights", done, total, detail)
+    tensors: dict[str, torch.Tensor] = {}
+    for name, tensor in _iter_tensors(files):
+        if name.startswith(("model.", "lm_head.weight")):
+            tensors[name] = tensor
+        done += 1
+        reporter.report("weights", done, total, detail)
+
+    def pop(name: str) -> torch.Tensor:
+        try:
+            return tensors.pop(name)
+        except KeyError:
+            raise ModelLoadError(f"{folder}: weight '{name}' is missing") from None
+
+    def take_weight(name: str, shape: tuple[int, ...]) -> torch.Tensor | QuantizedTensor:
+        """A weight as stored: a float tensor on the device in `dt`, or a
+        quantized one left on the CPU for `product` to pack."""
+        fmt = formats.get(name)
+        if fmt is None:
+            tensor = pop(name)
+            if tuple(tensor.shape) != shape:
+                raise ModelLoadError(
+                    f"{folder}: weight '{name}' has shape {tuple(tensor.shape)}, "
+                    f"config.json implies {shape}"
+                )
+            return tensor.to(device=dev, dtype=dt)
+        data, scales = pop(name + ".qdata"), pop(name + ".scales")
+        mins = pop(name + ".mins") if fmt == "q4_1" else None
+        try:
+            weight = QuantizedTensor(fmt, data, scales, mins)
+        except ValueError as exc:
+            raise ModelLoadError(f"{folder}: quantized weight '{name}' is inconsistent: {exc}") from None
+        if weight.shape != shape:
+            raise ModelLoadError(
+                f"{folder}: weight '{name}' has shape {weight.shape}, config.json implies {shape}"
+            )
+        return weight
+
+    def take(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """A float weight (norms, biases; quantized ones are dequantized)."""
+        weight = take_weight(name, shape)
+        if isinstance(weight, QuantizedTensor):
+            return weight.dequantize(dt).to(dev)
+        return weight
+
+    def take_optional(name: str, shape: tuple[int, ...], present: bool) -> torch.Tensor | None:
+        return take(name, shape) if present else None
+
+    def product(
+        weights: Sequence[torch.Tensor | QuantizedTensor], biases: Sequence[torch.Tensor] | None = None
+    ) -> Product:
+        """One product with the weights stacked along their output rows."""
+        bias = None if biases is None else torch.cat(list(biases))
+        if compute == "dequantize" or not any(isinstance(w, QuantizedTensor) for w in weights):
+            floats = [_as_float(w, dt, dev) for w in weights]
+            # No copy of a lone weight: a tied embedding stays one tensor.
+            return Linear(floats[0] if len(floats) == 1 else torch.cat(floats), bias)
+        assert quant_linear is not None
+        formats_here = {w.format if isinstance(w, QuantizedTensor) else None for w in weights}
+        if len(formats_here) == 1:
+            quantized = [w for w in weights if isinstance(w, QuantizedTensor)]
+            # The parts are dropped once stacked: one copy of the weight stays.
+            stacked = quantized[0] if len(quantized) == 1 else QuantizedTensor.cat(quantized)
+            return quant_linear(stacked, bias)
+        # Mixed formats (a Q4_K_M file keeps some v projections at 6 bits):
+        # one product per part.
+        parts: list[Product] = []
+        for i, weight in enumerate(weights):
+            part_bias = None if biases is None else biases[i]
+            parts.append(
+                quant_linear(weight, part_bias)
+                if isinstance(weight, QuantizedTensor)
+                else Linear(weight, part_bias)
+            )
+        return ConcatLinear(parts)
+
+    c = config
+    hidden, inter, d = c.hidden_size, c.intermediate_size, c.head_dim
+    q_out, kv_out = c.num_attention_heads * d, c.num_key_value_heads * d
+    layers = []
+    for i in range(c.num_hidden_layers):
+        p = f"model.layers.{i}."
+        attn, mlp = p + "self_attn.", p + "mlp."
+        qkv = [
+            take_weight(attn + "q_proj.weight", (q_out, hidden)),
+            take_weight(attn + "k_proj.weight", (kv_out, hidden)),
+            take_weight(attn + "v_proj.weight", (kv_out, hidden)),
+        ]
+        qkv_bias = None
+        if c.qkv_bias:
+            qkv_bias = [
+                take(attn + "q_proj.bias", (q_out,)),
+                take(attn + "k_proj.bias", (kv_out,)),
+                take(attn + "v_proj.bias", (kv_out,)),
+            ]
+        gate_up = [
+            take_weight(mlp + "gate_proj.weight", (inter, hidden)),
+            take_weight(mlp + "up_proj.weight", (inter, hidden)),
+        ]
+        gate_up_bias = None
+        if c.mlp_bias:
+            gate_up_bias = [take(mlp + "gate_proj.bias", (inter,)), take(mlp + "up_proj.bias", (inter,))]
+        o_bias = take_optional(attn + "o_proj.bias", (hidden,), c.o_bias)
+        down_bias = take_optional(mlp + "down_proj.bias", (hidden,), c.mlp_bias)
+        layers.append(
+            LayerWeights(
+                input_norm=take(p + "input_layernorm.weight", (hidden,)),
+                qkv=product(qkv, qkv_bias),
+                o=product([take_weight(attn + "o_proj.weight", (hidden, q_out))], None if o_bias is None else [o_bias]),
+                post_norm=take(p + "post_attention_layernorm.weight", (hidden,)),
+                gate_up=product(gate_up, gate_up_bias),
+                down=product(
+                    [take_weight(mlp + "down_proj.weight", (hidden, inter))],
+                    None if down_bias is None else [down_bias],
+                ),
+            )
+        )
+        done += 1
+        reporter.report("weights", done, total, detail)
+    embed = take_weight("model.embed_tokens.weight", (c.vocab_size, hidden))
+    if compute == "dequantize":
+        embed = _as_float(embed, dt, dev)
+    elif isinstance(embed, QuantizedTensor):
+        embed = _on_device(embed, dev)
+    norm = take("model.norm.weight", (hidden,))
+    head_stored = "lm_head.weight" in tensors or "lm_head.weight.qdata" in tensors
+    if head_stored and not c.tie_word_embeddings:
+        lm_head = product([take_weight("lm_head.weight", (c.vocab_size, hidden))])
+    elif c.tie_word_embeddings:
+        for suffix in ("", ".qdata", ".scales", ".mins"):
+            tensors.pop("lm_head.weight" + suffix, None)
+        lm_head = product([embed])
+        head_weight = getattr(lm_head, "weight", None)
+        if isinstance(embed, QuantizedTensor) and isinstance(head_weight, QuantizedTensor):
+            # One table for the lookups and the head, whatever the product
+            # class made of the one it was given.
+            embed = head_weight
+    else:
+        raise ModelLoadError(f"{folder}: weight 'lm_head.weight' is missing")
+    # Rotary inverse-frequency buffers saved by old exports carry no information.
+    leftovers = sorted(n for n in tensors if not n.endswith("rotary_emb.inv_freq"))
+    if leftovers:
+        raise ModelLoadError(
+            f"{folder}: unexpected weights {', '.join(leftovers[:5])}"
+            + (" ..." if len(leftovers) > 5 else "")
+            + " (is this really a Llama-family model?)"
+        )
+    model = LlamaModel(config, embed, layers, norm, lm_head, dtype=dt)
+    reporter.report("weights", total, total, detail)
+    return model
+
+
+def describe_weights(model: LlamaModel, stored: dict[str, str] | None = None) -> str:
+    """How the model's matrices are held, for stats and logs: "q4_1+q8_0
+    (kernel)" when they run quantized (float matrices beside them named by
+    dtype), else the dtype, with the formats they were dequantized from
+    (`stored`: quantized_formats() of the folder)."""
+    products: list = [model.lm_head]
+    for layer in model.layers:
+        products += [layer.qkv, layer.o, layer.gate_up, layer.down]
+    kinds: set[str] = set()
+    quantized = isinstance(model.embed, QuantizedTensor)
+    if quantized:
+        kinds.add(model.embed.format)
+    while products:
+        product = products.pop()
+        if isinstance(product, ConcatLinear):
+            products += product.parts
+        elif isinstance(product, Linear):
+            kinds.add(str(product.weight.dtype).removeprefix("torch."))
+        else:
+            weight = getattr(product, "weight", None)
+            fmt = getattr(product, "format", None) or getattr(weight, "format", None)
+            kinds.add(str(fmt))
+            quantized = True
+    if quantized:
+        kernel = "kernel" if model.device.type == "cpu" else "triton"
+        return f"{'+'.join(sorted(kinds))} ({kernel})"
+    described = "+".join(sorted(kinds)) or str(model.dtype).removeprefix("torch.")
+    if stored:
+        described += f" (dequantized from {'+'.join(sorted(set(stored.values())))})"
+    return described
+
+
+def _as_float(weight: torch.Tensor | QuantizedTensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    if isinstance(weight, QuantizedTensor):
+        return weight.dequantize(dtype).to(device)
+    return weight
+
+
+def read_weights(folder: str | Path) -> dict[str, torch.Tensor]:
+    """Every weight of a checkpoint folder by its Hugging Face name, as
+    float32 (block-quantized ones dequantized): what the folder means,
+    whatever format it stores it in. For tools and tests, not the engine."""
+    folder = Path(folder)
+    formats = quantized_formats(folder)
+    stored = dict(_iter_tensors(_safetensors_files(folder)))
+    out: dict[str, torch.Tensor] = {}
+    for name, fmt in formats.items():
+        parts = [stored.pop(name + suffix) for suffix in (".qdata", ".scales")]
+        mins = stored.pop(name + ".mins") if fmt == "q4_1" else None
+        out[name] = QuantizedTensor(fmt, parts[0], parts[1], mins).dequantize()
+    out.update((name, tensor.float()) for name, tensor in stored.items())
+    return out
+
+
+def dequantized_copy(folder: str | Path, dest: str | Path) -> Path:
+    """`folder` written to `dest` as a plain float32 Hugging Face checkpoint
+    (block-quantized weights dequantized, no "quantization" section): what
+    transformers and other tools can read. For benchmarks and tests."""
+    folder, dest = Path(folder), Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    for entry in folder.iterdir():
+        if entry.is_file() and entry.suffix in (".json", ".txt", ".jinja", ".model") and entry.name not in (
+            "config.json", "model.safetensors.index.json",
+        ):
+            shutil.copyfile(entry, dest / entry.name)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    config.pop("quantization", None)
+    (dest / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    weights = {name: tensor.contiguous() for name, tensor in read_weights(folder).items()}
+    if config.get("tie_word_embeddings"):
+        weights.pop("lm_head.weight", None)
+    save_file(weights, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    return dest
+
+
+def quantized_copy(
+    folder: str | Path,
+    mode: str,
+    *,
+    cache_dir: str | Path | None = None,
+    on_progress: ProgressCallback | LoadReporter | None = None,
+) -> Path:
+    """The folder of `folder`'s float checkpoint quantized as `mode` ("int8"
+    or "int4"), written once under `cache_dir` (default: models_dir()) and
+    reused while the source's files keep their sizes and mtimes. Reports
+    "import" progress (tensors quantized)."""
+    from engine.formats.default_model import (
+        models_dir,  # data folder helpers (import late: no cycle)
+    )
+    from engine.formats.gguf.importer import (
+        MARKER_NAME,
+        _fsync_dir,
+        _is_current_import,
+        _publish,
+        _write_json,
+    )
+
+    reporter = as_reporter(on_progress, None)
+    source = Path(folder).resolve()
+    fmt = QUANTIZE_MODES[mode]
+    files = _safetensors_files(source)
+    stamp = {
+        "quantized_copy_version": _QUANTIZED_COPY_VERSION,
+        "mode": mode,
+        "source": str(source),
+        "files": {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in [source / "config.json", *files]},
+    }
+    digest = hashlib.sha256(str(source).encode()).hexdigest()[:10]
+    dest = Path(cache_dir) if cache_dir is not None else models_dir()
+    dest = dest / f"{source.name}-{mode}-{digest}"
+    if _is_current_import(dest, stamp):
+        return dest
+
+    config = ModelConfig.from_folder(source)
+    raw_config = json.loads((source / "config.json").read_text(encoding="utf-8"))
+    layers = {f"model.layers.{i}.{name}" for i in range(config.num_hidden_layers) for name in _QUANTIZED_LAYER_WEIGHTS}
+    total = _count_tensors(files)
+    detail = f"Quantizing {source.name} to {mode}; this happens once"
+    reporter.report("import", 0, total, detail)
+    out: dict[str, torch.Tensor] = {}
+    kept: dict[str, str] = {}
+    for done, (name, tensor) in enumerate(_iter_tensors(files), 1):
+        target = fmt if name in layers else "q8_0" if name in ("model.embed_tokens.weight", "lm_head.weight") else None
+        if target is not None and tensor.ndim == 2 and tensor.shape[1] % GROUP_SIZE == 0:
+            q = quantize_weight(tensor, target)
+            out[name + ".qdata"], out[name + ".scales"] = q.data, q.scales
+            if q.mins is not None:
+                out[name + ".mins"] = q.mins
+            kept[name] = target
+        else:
+            out[name] = tensor
+        reporter.report("import", done, total, detail)
+    raw_config["quantization"] = {
+        "method": "tandem-blocks",
+        "version": FOLDER_FORMAT_VERSION,
+        "group_size": GROUP_SIZE,
+        "source": f"quantize={mode}",
+        "requantized": {},
+        "tensors": kept,
+    }
+
+    staging = dest.parent / f".{dest.name}.partial-{secrets.token_hex(6)}"
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        staging.mkdir()
+        for entry in source.iterdir():
+            # Tokenizer and generation files travel along; weights are rewritten.
+            if entry.is_file() and entry.suffix in (".json", ".model", ".txt", ".jinja", ".tiktoken") and entry.name not in (
+                "config.json", "model.safetensors.index.json", MARKER_NAME,
+            ):
+                shutil.copyfile(entry, staging / entry.name)
+        _write_json(staging / "config.json", raw_config)
+        save_file(out, str(staging / "model.safetensors"), metadata={"format": "pt"})
+        _write_json(staging / MARKER_NAME, stamp)
+        _fsync_dir(staging)
+        return _publish(staging, dest, stamp)
+    except OSError as exc:
+        raise ModelLoadError(f"Could not write the quantized copy of {source.name} to {dest.parent}: {exc}") from exc
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -1,0 +1,371 @@
+"""The engine's native CPU kernels (quant_matmul.c, decode_attention.c),
+built on first use.
+
+torch's own weight-only CPU kernels are slower than oneDNN's fp32 GEMM for a
+decode step on an AVX2 CPU (measured on a 2-core AMD EPYC, torch 2.13, the
+default model's shapes: `_weight_int4pack_mm_for_cpu` 156 ms per token,
+`_weight_int8pack_mm` 105 ms, fp32 `F.linear` 44 ms), so the quantized
+products run a small C kernel of ours instead (bench/quant_kernels.py).
+
+Where the library comes from, first match wins:
+1. a copy built ahead of time next to this file (the installer bundle,
+   packaging/build.sh), named for its instruction set;
+2. a copy in the user's cache folder built by an earlier run, named for the
+   hash of the source and the compiler command;
+3. the platform's C compiler, now (under a second).
+
+With no compiler and no prebuilt copy the kernels are unavailable, and the
+quantized weights are dequantized at load instead (engine/formats/loader.py).
+
+OpenMP: the library is linked with -fopenmp and loaded after torch, so it
+resolves to the OpenMP runtime torch already loaded and shares its threads
+and its thread count (engine/runner/threads.py sets it per step).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCES = [Path(__file__).with_name(name) for name in ("quant_matmul.c", "decode_attention.c")]
+FORMAT_CODES = {"q8_0": 0, "q4_0": 1, "q4_1": 2}
+# Compiler flags per instruction set; "portable" is plain C for any CPU.
+VARIANT_FLAGS = {
+    "avx2": ["-mavx2", "-mfma", "-mf16c"],
+    "portable": [],
+}
+_BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-std=c11"]
+
+_lock = threading.Lock()
+_library: ctypes.CDLL | None = None
+_failure: str | None = None
+
+
+class NativeKernelError(RuntimeError):
+    pass
+
+
+def cpu_variant() -> str:
+    """The instruction set this CPU runs the kernels with."""
+    capability = torch.backends.cpu.get_cpu_capability().upper()
+    if sys.platform != "darwin" and capability.startswith(("AVX2", "AVX512")):
+        return "avx2"
+    return "portable"
+
+
+def library_name(variant: str) -> str:
+    suffix = ".dll" if sys.platform == "win32" else ".so"
+    return f"tandem_quant_{variant}{suffix}"
+
+
+def compile_library(variant: str, output: Path, compiler: str | None = None) -> Path:
+    """Build the kernels for `variant` into `output` (atomically)."""
+    compiler = compiler or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise NativeKernelError("no C compiler found (cc or gcc; set CC to choose one)")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.", suffix=".partial")
+    os.close(fd)
+    command = [compiler, *_BASE_FLAGS, *VARIANT_FLAGS[variant], *map(str, SOURCES), "-o", partial, "-lm"]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+        if done.returncode != 0:
+            raise NativeKernelError(f"{' '.join(command)} failed:\n{done.stderr.strip()[-2000:]}")
+        os.replace(partial, output)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise NativeKernelError(f"could not run the C compiler {compiler}: {exc}") from exc
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+    return output
+
+
+def _cache_dir() -> Path:
+    override = os.environ.get("TANDEM_KERNEL_CACHE")
+    if override:
+        return Path(override)
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("tandem", appauthor=False)) / "kernels"
+
+
+def _cached_name(variant: str) -> str:
+    digest = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES))
+    digest.update(" ".join(_BASE_FLAGS + VARIANT_FLAGS[variant]).encode())
+    stem, suffix = os.path.splitext(library_name(variant))
+    return f"{stem}-{digest.hexdigest()[:16]}{suffix}"
+
+
+def _find_or_build(variant: str) -> Path:
+    prebuilt = Path(__file__).with_name(library_name(variant))
+    if prebuilt.is_file():
+        return prebuilt
+    cached = _cache_dir() / _cached_name(variant)
+    if cached.is_file():
+        return cached
+    log.info("building the quantized CPU kernels (%s) into %s", variant, cached)
+    return compile_library(variant, cached)
+
+
+def _bind(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    i64, ptr, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+    lib.tandem_quant_matmul_ex.argtypes = [
+        c_int, i64, i64, i64, ptr, i64, ptr, ptr, ptr, ptr, ptr, i64, c_int, c_int, ptr, ctypes.c_float, c_int,
+    ]
+    lib.tandem_quant_matmul_ex.restype = c_int
+    lib.tandem_decode_attention.argtypes = [
+        i64, i64, i64, i64, ptr, i64, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, ctypes.c_float, ptr, i64, c_int,
+    ]
+    lib.tandem_decode_attention.restype = c_int
+    lib.tandem_prepare_inputs.argtypes = [i64, i64, ptr, i64, c_int, ptr, ctypes.c_float, c_int, ptr]
+    lib.tandem_prepare_inputs.restype = c_int
+    lib.tandem_rope_write_kv.argtypes = [i64, i64, i64, i64, ptr, i64, ptr, ptr, ptr, ptr, ptr, ptr, c_int]
+    lib.tandem_rope_write_kv.restype = c_int
+    lib.tandem_quant_take_rows.argtypes = [c_int, i64, ptr, i64, ptr, ptr, ptr, ptr]
+    lib.tandem_quant_take_rows.restype = c_int
+    lib.tandem_quant_simd.argtypes = []
+    lib.tandem_quant_simd.restype = c_int
+    return lib
+
+
+def likely_available() -> bool:
+    """Whether library() would succeed, judged without building, loading or
+    running anything (for memory estimates on the GUI thread): its known
+    result once it has run, else whether a prebuilt or cached copy exists or
+    a C compiler is on PATH."""
+    if _library is not None or _failure is not None:
+        return _library is not None
+    if os.environ.get("TANDEM_NO_NATIVE_KERNELS"):
+        return False
+    variant = cpu_variant()
+    if Path(__file__).with_name(library_name(variant)).is_file():
+        return True
+    if (_cache_dir() / _cached_name(variant)).is_file():
+        return True
+    compiler = os.environ.get("CC") or "cc"
+    return shutil.which(compiler) is not None or shutil.which("gcc") is not None
+
+
+def library() -> ctypes.CDLL:
+    """The loaded kernels; raises NativeKernelError (once per process,
+    then the same message) when they cannot be had."""
+    global _library, _failure
+    with _lock:
+        if _library is not None:
+            return _library
+        if _failure is not None:
+            raise NativeKernelError(_failure)
+        if os.environ.get("TANDEM_NO_NATIVE_KERNELS"):
+            _failure = "native kernels disabled by TANDEM_NO_NATIVE_KERNELS"
+            raise NativeKernelError(_failure)
+        variant = cpu_variant()
+        try:
+            _library = _bind(_find_or_build(variant))
+        except (NativeKernelError, OSError, AttributeError) as exc:
+            _failure = f"quantized CPU kernels unavailable ({variant}): {exc}"
+            log.warning("%s", _failure)
+            raise NativeKernelError(_failure) from exc
+        return _library
+
+
+def available() -> bool:
+    try:
+        library()
+    except NativeKernelError:
+        return False
+    return True
+
+
+def _pointer(tensor: torch.Tensor | None) -> int | None:
+    return None if tensor is None else tensor.data_ptr()
+
+
+def _check(status: int, function: str) -> None:
+    if status:
+        raise NativeKernelError(f"{function} failed with status {status}")
+
+
+def quant_matmul(
+    fmt: str,
+    x: torch.Tensor,
+    data: torch.Tensor,
+    scales: torch.Tensor,
+    mins: torch.Tensor | None,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """x [M, K] float32 @ W.T (+ bias) -> a new float32 [M, N]."""
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    out = torch.empty(x.shape[0], data.shape[0], dtype=torch.float32)
+    return quant_matmul_into(fmt, x, data, scales, mins, bias, out)
+
+
+INPUT_OPS = {None: 0, "rms_norm": 1, "swiglu": 2}
+
+
+def quant_matmul_into(
+    fmt: str,
+    x: torch.Tensor,
+    data: torch.Tensor,
+    scales: torch.Tensor,
+    mins: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    *,
+    input_op: str | None = None,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+    accumulate: bool = False,
+) -> torch.Tensor:
+    """out (+)= op(x) @ W.T (+ bias), float32, every tensor row-contiguous.
+    op: None; "rms_norm" (x normalised, times norm_weight); "swiglu" (x is
+    [M, 2K], gate then up: silu(gate) * up). With `accumulate` the product
+    is added to `out` (a residual stream updated in place)."""
+    rows = x.shape[0]
+    cols = data.shape[1] * (1 if fmt == "q8_0" else 2)
+    status = library().tandem_quant_matmul_ex(
+        FORMAT_CODES[fmt], rows, data.shape[0], cols, x.data_ptr(), x.stride(0),
+        data.data_ptr(), scales.data_ptr(), _pointer(mins), _pointer(bias),
+        out.data_ptr(), out.stride(0), torch.get_num_threads(),
+        INPUT_OPS[input_op], _pointer(norm_weight), eps, int(accumulate),
+    )
+    _check(status, "tandem_quant_matmul_ex")
+    return out
+
+
+class BoundProduct:
+    """One weight's product with its arguments resolved once (format code,
+    shape, data pointers): a decode step makes 120+ of these calls, and
+    resolving them per call was a tenth of a one-sequence step. The
+    tensors must outlive it (the model holds them)."""
+
+    __slots__ = ("_call", "_fmt", "_n", "_k", "_data", "_scales", "_mins", "_bias", "_keep")
+
+    def __init__(
+        self, fmt: str, data: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
+        bias: torch.Tensor | None,
+    ) -> None:
+        for tensor in (data, scales, mins, bias):
+            if tensor is not None and not tensor.is_contiguous():
+                raise ValueError("BoundProduct needs contiguous tensors")
+        self._call = library().tandem_quant_matmul_ex
+        self._fmt = FORMAT_CODES[fmt]
+        self._n = data.shape[0]
+        self._k = data.shape[1] * (1 if fmt == "q8_0" else 2)
+        self._data, self._scales = data.data_ptr(), scales.data_ptr()
+        self._mins, self._bias = _pointer(mins), _pointer(bias)
+        self._keep = (data, scales, mins, bias)
+
+    def __call__(
+        self, x: torch.Tensor, out: torch.Tensor, threads: int, input_op: int = 0,
+        norm_weight: int | None = None, eps: float = 0.0, accumulate: bool = False,
+    ) -> None:
+        """out (+)= op(x) @ W.T, as quant_matmul_into; input_op is an
+        INPUT_OPS code, norm_weight a data pointer."""
+        status = self._call(
+            self._fmt, x.shape[0], self._n, self._k, x.data_ptr(), x.stride(0),
+            self._data, self._scales, self._mins, self._bias,
+            out.data_ptr(), out.stride(0), threads, input_op, norm_weight, eps, accumulate,
+        )
+        _check(status, "tandem_quant_matmul_ex")
+
+
+def decode_attention(
+    qkv: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    cos_table: torch.Tensor,
+    sin_table: torch.Tensor,
+    positions: torch.Tensor,
+    k_layer: torch.Tensor,
+    v_layer: torch.Tensor,
+    page_table: torch.Tensor,
+    page_size: int,
+    window: int | None,
+    scale: float,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """One decode token per row of qkv [B, (Hq + 2 Hkv) D] (rotated in place):
+    its k/v written to the cache at its position, attention over its pages
+    into out [B, Hq D]. positions: int64 [B]; page_table: int64 [B, pages]."""
+    status = library().tandem_decode_attention(
+        qkv.shape[0], num_heads, num_kv_heads, head_dim, qkv.data_ptr(), qkv.stride(0),
+        cos_table.data_ptr(), sin_table.data_ptr(), positions.data_ptr(),
+        k_layer.data_ptr(), v_layer.data_ptr(), page_table.data_ptr(), page_table.shape[1],
+        page_size, window or 0, scale, out.data_ptr(), out.stride(0), torch.get_num_threads(),
+    )
+    _check(status, "tandem_decode_attention")
+    return out
+
+
+def prepare_inputs(
+    x: torch.Tensor,
+    cols: int,
+    *,
+    input_op: str | None = None,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+    round_to_int8: bool = True,
+) -> torch.Tensor:
+    """op(x) as quant_matmul_into applies it, [M, cols] float32, rounded to
+    the kernels' int8 groups unless told not to."""
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    out = torch.empty(x.shape[0], cols, dtype=torch.float32)
+    status = library().tandem_prepare_inputs(
+        x.shape[0], cols, x.data_ptr(), x.stride(0), INPUT_OPS[input_op], _pointer(norm_weight), eps,
+        int(round_to_int8), out.data_ptr(),
+    )
+    _check(status, "tandem_prepare_inputs")
+    return out
+
+
+def rope_write_kv(
+    qkv: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    cos_table: torch.Tensor,
+    sin_table: torch.Tensor,
+    positions: torch.Tensor,
+    k_layer: torch.Tensor,
+    v_layer: torch.Tensor,
+    write_rows: torch.Tensor,
+) -> None:
+    """Rotate q and k of every row of qkv in place; write k and v to the
+    cache rows write_rows [T * Hkv] (AttentionMetadata.write_index)."""
+    status = library().tandem_rope_write_kv(
+        qkv.shape[0], num_heads, num_kv_heads, head_dim, qkv.data_ptr(), qkv.stride(0),
+        cos_table.data_ptr(), sin_table.data_ptr(), positions.data_ptr(),
+        k_layer.data_ptr(), v_layer.data_ptr(), write_rows.data_ptr(), torch.get_num_threads(),
+    )
+    _check(status, "tandem_rope_write_kv")
+
+
+def quant_take_rows(
+    fmt: str, index: torch.Tensor, data: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None, cols: int
+) -> torch.Tensor:
+    """Dequantized float32 rows `index` of a quantized table, [len(index), cols]."""
+    lib = library()
+    flat = index.reshape(-1).to(torch.int64).contiguous()
+    out = torch.empty(flat.numel(), cols, dtype=torch.float32)
+    status = lib.tandem_quant_take_rows(
+        FORMAT_CODES[fmt], flat.numel(), flat.data_ptr(), cols,
+        data.data_ptr(), scales.data_ptr(), _pointer(mins), out.data_ptr(),
+    )
+    _check(status, "tandem_quant_take_rows")
+    return out

@@ -1,0 +1,391 @@
+"""Attention over a paged KV cache for a flattened batch of many sequences.
+
+K and V are each one tensor [num_layers, num_pages * kv_heads, page_size,
+head_dim]: row `page * kv_heads + h` of a layer holds head h of one page.
+That head-major page layout means a gather of rows comes out already shaped
+[sequence, head, keys, head_dim], ready for batched matmuls with no
+transposing copies (the layout vLLM's paged kernels use for the same reason).
+
+A step's tokens are laid out decode tokens first (one per running sequence),
+then the prefill chunks of other sequences, each contiguous. The runner
+builds every index once per step; all layers share them.
+
+Batch-invariant mode (`AttentionMetadata.batch_invariant`, the engine's
+deterministic mode) takes one path for every query, decode or prefill: the
+queries of a KV head are laid out as rows (token, group member), cut into
+tiles of QUERY_TILE rows (zero-padded), and each tile does
+    scores = tile @ keys^T; scores *= scale; scores += bias; softmax
+    out = sum over key blocks j, in order, of probs[:, block j] @ values[block j]
+against its sequence's keys read back from the pages, padded to whole
+KEY_BLOCKs, the ones a row may not see masked with -inf. Every product has a
+fixed shape, so the kernel and its reduction order never depend on the batch
+(measured with the CPU's bmm: 1, 2-3 and 4+ rows give other bits, and so does
+a reduction over 272 keys against the same one padded to 512). A masked key
+gets a weight of exactly zero, so a row's extra blocks add exact zeros. The
+score products reduce over head_dim only, and softmax reduces a row in one
+thread in one vectorized order, so neither depends on the padding (both
+checked through the whole model by tests/engine/test_deterministic.py). A
+prefill token, a decode token and a recomputed token attend identically.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.runner.cuda_attention import KernelAttentionMetadata, kernel_paged_attention
+
+# Query rows per attention product in batch-invariant mode: a decode's GQA
+# group (3 for SmolLM2) padded to 16, a prefill chunk's rows in 16s.
+QUERY_TILE = 16
+# Keys per block of the probs @ values reduction in batch-invariant mode.
+KEY_BLOCK = 128
+# Bound on the keys copied per batched product when a long prefill chunk's
+# tiles share their sequence's keys (elements: 32 MiB of fp32).
+_TILE_KEY_ELEMENTS = 8 << 20
+
+
+@dataclass(slots=True)
+class PrefillChunk:
+    """One sequence's run of new prompt tokens inside the step's flat batch."""
+
+    token_start: int  # index of the chunk's first token in the flat batch
+    num_tokens: int
+    num_keys: int  # keys the chunk attends to: earlier tokens plus itself
+    # [kv_heads * pages] rows holding those keys, or None when the chunk starts
+    # at position 0, so its keys are exactly the ones computed in this step.
+    key_rows: torch.Tensor | None
+    # [num_tokens, num_keys] True where attention is allowed, or None when the
+    # plain causal mask applies.
+    mask: torch.Tensor | None
+    # Batch-invariant mode only: [tiles * QUERY_TILE, keys padded to whole
+    # KEY_BLOCKs], 0 where the query row (token, group member) may see the
+    # key, else -inf; key_rows then always holds the chunk's whole pages.
+    tile_bias: torch.Tensor | None = None
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    # [T * kv_heads] row (in a layer's [rows * page_size, head_dim] view) that
+    # each new token's K/V head is written to.
+    write_index: torch.Tensor
+    num_decode: int  # the first num_decode tokens are single-token decodes
+    # [num_decode * kv_heads * max_pages] page rows of every decoding sequence
+    # (padded with row 0), ordered sequence, head, page.
+    decode_rows: torch.Tensor | None
+    # [num_decode * kv_heads, group, max_pages * page_size]: 0 where a key
+    # exists, -inf for padding; added to the scores by the same matmul.
+    # In batch-invariant mode: QUERY_TILE rows instead of group (padding rows
+    # see every key; their results are dropped), keys padded to whole KEY_BLOCKs.
+    decode_bias: torch.Tensor | None
+    prefills: list[PrefillChunk]
+    batch_invariant: bool = False
+    # The step runs on the native CPU path (LlamaModel._forward_native),
+    # where decodes come with decode_pages instead of decode_rows/bias:
+    # [num_decode, max_pages] page ids of each sequence, padded with 0.
+    native: bool = False
+    decode_pages: torch.Tensor | None = None
+
+
+class KVCache:
+    """The device memory behind the page pool: K and V for every layer.
+
+    With `commit_on_use` the tensors are allocated but not written, so the
+    operating system backs them with memory only as pages are first touched
+    (a CPU pool sized for a long day of chats costs nothing until a chat
+    needs it), and `commit` zeroes pages before their first use. Readers
+    rely on that: attention reads whole pages, so the unwritten tail of a
+    sequence's last page, and the page-0 padding of shorter sequences, must
+    hold finite values. Their scores are masked to -inf, but a masked
+    weight of 0 times a NaN or inf value is still NaN; zeros (or stale
+    K/V of an earlier request) are safe. Pages are handed out lowest id
+    first (engine.core.page_pool.PagePool), so the committed pages are a prefix
+    [0, committed_pages) that grows with use.
+
+    Without it (CUDA: the pool is sized from free device memory and the
+    kernels and CUDA graphs take it whole) the pool is zero-filled at once.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_pages: int,
+        page_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        *,
+        commit_on_use: bool = False,
+    ) -> None:
+        shape = (num_layers, num_pages * num_kv_heads, page_size, head_dim)
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.commit_on_use = commit_on_use
+        if commit_on_use:
+            self.k = torch.empty(shape, dtype=dtype, device=device)
+            self.v = torch.empty(shape, dtype=dtype, device=device)
+            if self.k.device.type == "cpu":
+                # With transparent huge pages on "always", the first touch
+                # of a page would commit a 2 MiB huge page around it: in
+                # each layer's slab, ~170 pages at once.
+                _no_huge_pages(self.k)
+                _no_huge_pages(self.v)
+            self.committed_pages = 0
+        else:
+            self.k = torch.zeros(shape, dtype=dtype, device=device)
+            self.v = torch.zeros(shape, dtype=dtype, device=device)
+            self.committed_pages = num_pages
+
+    @property
+    def bytes_per_page(self) -> int:
+        """K and V of one page over all layers."""
+        layers = self.k.shape[0]
+        per_layer = self.num_kv_heads * self.page_size * self.head_dim * self.k.element_size()
+        return 2 * layers * per_layer
+
+    @property
+    def total_bytes(self) -> int:
+        return self.num_pages * self.bytes_per_page
+
+    @property
+    def committed_bytes(self) -> int:
+        """Bytes of the pool written so far: what it holds in memory."""
+        return self.committed_pages * self.bytes_per_page
+
+    def commit(self, num_pages: int) -> None:
+        """Make pages [0, num_pages) safe to read, zeroing those never used.
+
+        Cheap when they already are (one comparison), so call it every step
+        with one more than the highest page id the step writes.
+        """
+        if num_pages <= self.committed_pages:
+            return
+        if num_pages > self.num_pages:
+            raise ValueError(
+                f"page {num_pages - 1} is outside the KV pool of {self.num_pages} pages"
+            )
+        rows = slice(self.committed_pages * self.num_kv_heads, num_pages * self.num_kv_heads)
+        self.k[:, rows].zero_()
+        self.v[:, rows].zero_()
+        self.committed_pages = num_pages
+
+
+def _no_huge_pages(tensor: torch.Tensor) -> None:
+    """Ask Linux not to back `tensor` with transparent huge pages (best effort:
+    elsewhere, or where the call fails, memory is committed in bigger steps)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        page = os.sysconf("SC_PAGE_SIZE")
+        start = tensor.data_ptr()
+        end = start + tensor.numel() * tensor.element_size()
+        aligned = -(-start // page) * page
+        if end - aligned >= page:
+            libc.madvise(
+                ctypes.c_void_p(aligned),
+                ctypes.c_size_t((end - aligned) // page * page),
+                _MADV_NOHUGEPAGE,
+            )
+    except (OSError, AttributeError, ValueError):
+        pass
+
+
+_MADV_NOHUGEPAGE = 15  # <sys/mman.h> on Linux
+
+
+def paged_attention(
+    layer: int,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache: KVCache,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """q: [T, Hq, D]; k, v: [T, Hkv, D] for this step's tokens. Returns [T, Hq*D]."""
+    if isinstance(meta, KernelAttentionMetadata):
+        # CUDA with triton: kernels read K/V through the page tables in place
+        # (engine/runner/cuda_attention.py, built by engine/runner/cuda.py).
+        return kernel_paged_attention(layer, q, k, v, cache, meta, scale)
+    num_tokens, num_heads, head_dim = q.shape
+    k_layer = cache.k[layer]
+    v_layer = cache.v[layer]
+    k_layer.view(-1, head_dim).index_copy_(0, meta.write_index, k.reshape(-1, head_dim))
+    v_layer.view(-1, head_dim).index_copy_(0, meta.write_index, v.reshape(-1, head_dim))
+
+    if meta.batch_invariant:
+        return _batch_invariant_attention(q, k.shape[1], k_layer, v_layer, meta, scale)
+    # The common steps hold only decodes, or one prefill: no output buffer to fill.
+    if meta.num_decode == num_tokens:
+        return _decode_attention(q, k_layer, v_layer, meta, scale)
+    if not meta.num_decode and len(meta.prefills) == 1:
+        return prefill_attention(q, k, v, k_layer, v_layer, meta.prefills[0], scale)
+    out = torch.empty((num_tokens, num_heads * head_dim), dtype=q.dtype, device=q.device)
+    if meta.num_decode:
+        out[: meta.num_decode] = _decode_attention(
+            q[: meta.num_decode], k_layer, v_layer, meta, scale
+        )
+    for chunk in meta.prefills:
+        rows = slice(chunk.token_start, chunk.token_start + chunk.num_tokens)
+        out[rows] = prefill_attention(q[rows], k[rows], v[rows], k_layer, v_layer, chunk, scale)
+    return out
+
+
+def _decode_attention(
+    q: torch.Tensor,
+    k_layer: torch.Tensor,
+    v_layer: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    # One query per sequence: padded batched matmuls over whole gathered
+    # pages. On the CPU this beats the generic SDPA kernel, whose per-call
+    # overhead dominates at q_len 1. Each KV head's query group is one
+    # [group, D] x [D, keys] product, so GQA needs no repeated K/V.
+    assert meta.decode_rows is not None and meta.decode_bias is not None
+    batch, num_heads, head_dim = q.shape
+    batch_heads, group, max_keys = meta.decode_bias.shape
+    keys = k_layer.index_select(0, meta.decode_rows).view(batch_heads, max_keys, head_dim)
+    values = v_layer.index_select(0, meta.decode_rows).view(batch_heads, max_keys, head_dim)
+    queries = q.reshape(batch_heads, group, head_dim)
+    scores = torch.baddbmm(meta.decode_bias, queries, keys.transpose(1, 2), alpha=scale)
+    probs = torch.softmax(scores, dim=-1)
+    return torch.bmm(probs, values).view(batch, num_heads * head_dim)
+
+
+def prefill_attention(
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    k_layer: torch.Tensor,
+    v_layer: torch.Tensor,
+    chunk: PrefillChunk,
+    scale: float,
+) -> torch.Tensor:
+    num_tokens, num_heads, head_dim = q.shape
+    if chunk.key_rows is None:
+        keys, values = k_new.transpose(0, 1), v_new.transpose(0, 1)
+    else:
+        num_kv = k_new.shape[1]
+        keys = k_layer.index_select(0, chunk.key_rows).view(num_kv, -1, head_dim)
+        values = v_layer.index_select(0, chunk.key_rows).view(num_kv, -1, head_dim)
+        keys, values = keys[:, : chunk.num_keys], values[:, : chunk.num_keys]
+    attn = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0),
+        keys.unsqueeze(0),
+        values.unsqueeze(0),
+        attn_mask=None if chunk.mask is None else chunk.mask.unsqueeze(0).unsqueeze(0),
+        is_causal=chunk.mask is None,
+        scale=scale,
+        enable_gqa=True,
+    )  # [1, Hq, T, D]
+    return attn.squeeze(0).transpose(0, 1).reshape(num_tokens, num_heads * head_dim)
+
+
+def _batch_invariant_attention(
+    q: torch.Tensor,
+    num_kv: int,
+    k_layer: torch.Tensor,
+    v_layer: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    num_tokens, num_heads, head_dim = q.shape
+    out = torch.empty((num_tokens, num_heads * head_dim), dtype=q.dtype, device=q.device)
+    if meta.num_decode:
+        assert meta.decode_rows is not None and meta.decode_bias is not None
+        batch_heads, tile, max_keys = meta.decode_bias.shape
+        group = num_heads // num_kv
+        keys = _padded_keys(k_layer, meta.decode_rows, batch_heads, max_keys)
+        values = _padded_keys(v_layer, meta.decode_rows, batch_heads, max_keys)
+        queries = q[: meta.num_decode].reshape(batch_heads, group, head_dim)
+        queries = F.pad(queries, (0, 0, 0, tile - group))
+        attn = _tile_attention(queries, keys, values, meta.decode_bias, scale)
+        out[: meta.num_decode] = attn[:, :group].reshape(meta.num_decode, num_heads * head_dim)
+    for chunk in meta.prefills:
+        rows = slice(chunk.token_start, chunk.token_start + chunk.num_tokens)
+        out[rows] = _tiled_prefill_attention(q[rows], num_kv, k_layer, v_layer, chunk, scale)
+    return out
+
+
+def _tiled_prefill_attention(
+    q: torch.Tensor,
+    num_kv: int,
+    k_layer: torch.Tensor,
+    v_layer: torch.Tensor,
+    chunk: PrefillChunk,
+    scale: float,
+) -> torch.Tensor:
+    assert chunk.key_rows is not None and chunk.tile_bias is not None
+    num_tokens, num_heads, head_dim = q.shape
+    padded_rows, num_keys = chunk.tile_bias.shape
+    group = num_heads // num_kv
+    keys = _padded_keys(k_layer, chunk.key_rows, num_kv, num_keys)
+    values = _padded_keys(v_layer, chunk.key_rows, num_kv, num_keys)
+    # [kv, token * group, D]: row (token, g) of head kv is query head kv * group + g.
+    rows = q.view(num_tokens, num_kv, group, head_dim).transpose(0, 1)
+    rows = rows.reshape(num_kv, num_tokens * group, head_dim)
+    rows = F.pad(rows, (0, 0, 0, padded_rows - num_tokens * group))
+    tiles = padded_rows // QUERY_TILE
+    rows = rows.view(num_kv, tiles, QUERY_TILE, head_dim)
+    bias = chunk.tile_bias.view(tiles, QUERY_TILE, num_keys)
+    out = torch.empty_like(rows)
+    # The tiles of a chunk share its sequence's keys, which a batched product
+    # over (head, tile) needs repeated per tile: take as many tiles at a time
+    # as the copy budget allows.
+    step = max(1, _TILE_KEY_ELEMENTS // (num_kv * num_keys * head_dim))
+    for first in range(0, tiles, step):
+        n = min(step, tiles - first)
+        shape = (num_kv, n, num_keys, head_dim)
+        out[:, first : first + n] = _tile_attention(
+            rows[:, first : first + n].reshape(num_kv * n, QUERY_TILE, head_dim),
+            keys.unsqueeze(1).expand(shape).reshape(num_kv * n, num_keys, head_dim),
+            values.unsqueeze(1).expand(shape).reshape(num_kv * n, num_keys, head_dim),
+            bias[first : first + n]
+            .unsqueeze(0)
+            .expand(num_kv, n, QUERY_TILE, num_keys)
+            .reshape(num_kv * n, QUERY_TILE, num_keys),
+            scale,
+        ).view(num_kv, n, QUERY_TILE, head_dim)
+    out = out.view(num_kv, padded_rows, head_dim)[:, : num_tokens * group]
+    out = out.reshape(num_kv, num_tokens, group, head_dim).transpose(0, 1)
+    return out.reshape(num_tokens, num_heads * head_dim)
+
+
+def _tile_attention(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    bias: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """[N, QUERY_TILE, D] queries against [N, keys, D]: the one sequence of
+    ops every query goes through in batch-invariant mode."""
+    scores = torch.bmm(queries, keys.transpose(1, 2))
+    scores.mul_(scale).add_(bias)
+    probs = torch.softmax(scores, dim=-1)
+    # Contiguous blocks: the same shape and the same strides in every call.
+    out = torch.bmm(probs[:, :, :KEY_BLOCK].contiguous(), values[:, :KEY_BLOCK])
+    for start in range(KEY_BLOCK, keys.shape[1], KEY_BLOCK):
+        block = slice(start, start + KEY_BLOCK)
+        out += torch.bmm(probs[:, :, block].contiguous(), values[:, block])
+    return out
+
+
+def _padded_keys(
+    layer: torch.Tensor, rows: torch.Tensor, batch: int, num_keys: int
+) -> torch.Tensor:
+    """[batch, num_keys, D] gathered from the page rows, zero-padded at the
+    end up to num_keys (a whole number of KEY_BLOCKs)."""
+    head_dim = layer.shape[-1]
+    gathered = layer.index_select(0, rows).view(batch, -1, head_dim)
+    return F.pad(gathered, (0, 0, 0, num_keys - gathered.shape[1]))

@@ -1,0 +1,396 @@
+"""Block-quantized weights: the formats a model folder may keep, and the
+weight-only quantized linear layer that runs them.
+
+Formats (all groups of GROUP_SIZE = 32 consecutive inputs of one output row,
+the block size of llama.cpp's Q4_0 / Q4_1 / Q8_0, so a GGUF block maps to one
+group with no requantization):
+
+- "q8_0": int8 q in [-127, 127], one scale d per group; w = d * q.
+- "q4_0": 4-bit q in [0, 15], one scale d per group;     w = d * (q - 8).
+- "q4_1": 4-bit q in [0, 15], scale d and min m;         w = d * q + m.
+
+Storage (`QuantizedTensor`, and the safetensors of an imported folder): for
+a weight [N, K], `data` is int8 [N, K] (q8_0) or uint8 [N, K/2] (4-bit) in
+GGML's nibble order: byte j of a group's 16 holds input j in its low nibble
+and input j + 16 in its high one, so a GGUF block's bytes are copied as
+they are. `scales` (and `mins`) are float16 [N, K/32], as GGUF stores them.
+
+Compute (`QuantLinear`): the native kernel (engine/kernels/native/quant_matmul.c)
+reads these arrays as they are, quantizing each input row to int8 groups
+of 32 (as llama.cpp does) so every group's dot product is an integer one.
+Measured on a 2-core AVX2 EPYC with the default model's shapes
+(bench/quant_kernels.py): a decode step's products take ~10 ms in q4_1
+against ~44 ms in fp32 oneDNN, while torch's own weight-only kernels
+(`_weight_int4pack_mm_for_cpu`, `_weight_int8pack_mm`) took 156 and 105 ms.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from engine.kernels import native
+
+log = logging.getLogger(__name__)
+
+GROUP_SIZE = 32
+# Products with this many rows or more dequantize the weight (see QuantLinear).
+DEQUANTIZE_ROWS = 128
+FORMATS = ("q8_0", "q4_0", "q4_1")
+# Version of the folder layout written by the GGUF importer and `quantize`.
+FOLDER_FORMAT_VERSION = 1
+
+
+@dataclass(slots=True)
+class QuantizedTensor:
+    """A [rows, cols] weight in one of FORMATS (see the module docstring)."""
+
+    format: str
+    data: torch.Tensor
+    scales: torch.Tensor
+    mins: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise ValueError(f"unknown quantized format {self.format!r}; known: {', '.join(FORMATS)}")
+        rows = self.data.shape[0]
+        cols = self.cols
+        if cols % GROUP_SIZE or tuple(self.scales.shape) != (rows, cols // GROUP_SIZE):
+            raise ValueError(
+                f"{self.format} weight with data {tuple(self.data.shape)} needs scales "
+                f"[{rows}, {cols // GROUP_SIZE}], got {tuple(self.scales.shape)}"
+            )
+        if (self.format == "q4_1") != (self.mins is not None):
+            raise ValueError(f"{self.format} weight: mins are {'missing' if self.mins is None else 'unexpected'}")
+        if self.mins is not None and self.mins.shape != self.scales.shape:
+            raise ValueError(f"q4_1 weight: mins {tuple(self.mins.shape)} differ from scales {tuple(self.scales.shape)}")
+
+    @property
+    def cols(self) -> int:
+        return self.data.shape[1] * (1 if self.format == "q8_0" else 2)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.data.shape[0], self.cols)
+
+    @property
+    def nbytes(self) -> int:
+        extra = self.mins.nbytes if self.mins is not None else 0
+        return self.data.nbytes + self.scales.nbytes + extra
+
+    def levels(self) -> torch.Tensor:
+        """The integer q of every weight, int32 [rows, cols] (q4: 0..15)."""
+        if self.format == "q8_0":
+            return self.data.to(torch.int32)
+        rows = self.data.shape[0]
+        packed = self.data.view(rows, -1, GROUP_SIZE // 2).to(torch.int32)
+        return torch.cat((packed & 0xF, packed >> 4), dim=-1).view(rows, -1)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        rows, cols = self.shape
+        q = self.levels().view(rows, -1, GROUP_SIZE).float()
+        d = self.scales.float().unsqueeze(-1)
+        if self.format == "q8_0":
+            w = q * d
+        elif self.format == "q4_0":
+            w = (q - 8) * d
+        else:
+            assert self.mins is not None
+            w = q * d + self.mins.float().unsqueeze(-1)
+        return w.view(rows, cols).to(dtype)
+
+    def take_rows(self, index: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Dequantized rows `index` (an embedding lookup), [*index.shape, cols]."""
+        flat = index.reshape(-1)
+        part = QuantizedTensor(
+            self.format,
+            self.data.index_select(0, flat),
+            self.scales.index_select(0, flat),
+            None if self.mins is None else self.mins.index_select(0, flat),
+        )
+        return part.dequantize(dtype).view(*index.shape, self.cols)
+
+    def permute_rows(self, order: torch.Tensor) -> QuantizedTensor:
+        return QuantizedTensor(
+            self.format,
+            self.data[order].contiguous(),
+            self.scales[order].contiguous(),
+            None if self.mins is None else self.mins[order].contiguous(),
+        )
+
+    def to(self, device: torch.device) -> QuantizedTensor:
+        return QuantizedTensor(
+            self.format,
+            self.data.to(device),
+            self.scales.to(device),
+            None if self.mins is None else self.mins.to(device),
+        )
+
+    @staticmethod
+    def cat(parts: list[QuantizedTensor]) -> QuantizedTensor:
+        """Stack weights of one format along the output rows (fused q/k/v)."""
+        formats = {p.format for p in parts}
+        if len(formats) != 1:
+            raise ValueError(f"cannot stack weights of formats {sorted(formats)}")
+        mins = [p.mins for p in parts]
+        return QuantizedTensor(
+            parts[0].format,
+            torch.cat([p.data for p in parts]),
+            torch.cat([p.scales for p in parts]),
+            None if mins[0] is None else torch.cat(mins),  # type: ignore[arg-type]
+        )
+
+
+# --------------------------------------------------------------------------
+# Quantizing float weights (requantizing GGUF types we do not keep, and
+# `--quantize` of float checkpoints). Same rounding as ggml's reference
+# quantize_row_q8_0 / q4_0 / q4_1.
+
+
+def quantize(weight: np.ndarray | torch.Tensor, fmt: str) -> QuantizedTensor:
+    """Quantize a float [rows, cols] weight (cols a multiple of 32) to `fmt`."""
+    w = torch.as_tensor(weight).float()
+    if w.ndim != 2 or w.shape[1] % GROUP_SIZE:
+        raise ValueError(f"cannot quantize a weight of shape {tuple(w.shape)} in groups of {GROUP_SIZE}")
+    rows, cols = w.shape
+    g = w.view(rows, -1, GROUP_SIZE)
+    if fmt == "q8_0":
+        d = g.abs().amax(-1) / 127
+        inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+        q = torch.round(g * inv.unsqueeze(-1)).clamp(-127, 127).to(torch.int8)
+        return QuantizedTensor(fmt, q.view(rows, cols), d.half())
+    if fmt == "q4_0":
+        # ggml: d = max / -8 where max is the value of largest magnitude (sign kept).
+        index = g.abs().argmax(-1, keepdim=True)
+        extreme = g.gather(-1, index).squeeze(-1)
+        d = extreme / -8
+        inv = torch.where(d != 0, 1 / d, torch.zeros_like(d))
+        q = torch.clamp(torch.floor(g * inv.unsqueeze(-1) + 8.5), 0, 15).to(torch.uint8)
+        return QuantizedTensor(fmt, _pack_nibbles(q, rows), d.half())
+    if fmt == "q4_1":
+        lo, hi = g.amin(-1), g.amax(-1)
+        d = (hi - lo) / 15
+        inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+        q = torch.clamp(torch.floor((g - lo.unsqueeze(-1)) * inv.unsqueeze(-1) + 0.5), 0, 15).to(torch.uint8)
+        return QuantizedTensor(fmt, _pack_nibbles(q, rows), d.half(), lo.half())
+    raise ValueError(f"unknown quantized format {fmt!r}; known: {', '.join(FORMATS)}")
+
+
+def _pack_nibbles(q: torch.Tensor, rows: int) -> torch.Tensor:
+    """[rows, groups, 32] values 0..15 -> GGML nibble order uint8 [rows, cols/2]."""
+    half = GROUP_SIZE // 2
+    return (q[..., :half] | (q[..., half:] << 4)).view(rows, -1)
+
+
+def error_bound(q: QuantizedTensor) -> torch.Tensor:
+    """Per-row bound on |w - dequantize(quantize(w, fmt))|: half a step
+    (a whole step for q4_0, whose scale maps the largest magnitude to -8 so
+    the other sign's extreme is clamped at 7), plus the float16 rounding of
+    the scales (relative 2**-11, times the largest level) and mins."""
+    eps = 2.0**-11
+    d = q.scales.float().abs()
+    if q.format == "q8_0":
+        bound = d * (0.5 + 127 * eps)
+    elif q.format == "q4_0":
+        bound = d * (1 + 8 * eps)
+    else:
+        assert q.mins is not None
+        bound = d * (0.5 + 15 * eps) + q.mins.float().abs() * eps
+    return bound.amax(-1)
+
+
+def product_error_bound(x: torch.Tensor, q: QuantizedTensor, *, exact_weights: bool = False) -> torch.Tensor:
+    """Bound on |QuantLinear(q)(x) - x @ w.T| per output, [M, N], where w is
+    the float weight q was quantized from (`exact_weights`: w is
+    q.dequantize() itself). Two roundings add up: the weights' (each within
+    error_bound(q) of w), and on the kernel's path the inputs' to int8 groups
+    (each within half a step, max|x_group| / 254, of x), times the weights
+    they meet; plus float32 summation, far smaller."""
+    x = x.float()
+    rows, cols = x.shape
+    step = x.view(rows, -1, GROUP_SIZE).abs().amax(-1, keepdim=True) / 127
+    input_error = (step / 2).expand(-1, -1, GROUP_SIZE).reshape(rows, cols) * (1 + 2.0**-20)
+    bound = input_error @ q.dequantize().abs().T
+    if not exact_weights:
+        bound = bound + x.abs().sum(-1, keepdim=True) * error_bound(q)
+    summation = 2.0**-20 * cols * (x.abs() @ q.dequantize().abs().T)
+    return bound + summation + 1e-6
+
+
+# --------------------------------------------------------------------------
+# Running them
+
+
+class QuantLinear:
+    """y = x @ W.T + bias with W kept block-quantized: one copy, the
+    QuantizedTensor itself, read directly by the native kernel
+    (engine/kernels/native/quant_matmul.c). x: float32 or bfloat16 [M, K].
+
+    Products of fewer than DEQUANTIZE_ROWS rows (decode steps, short
+    prompts) run the kernel, whose cost is the weights' bytes. Larger ones
+    (long prefill chunks) are compute-bound, where oneDNN's fp32 GEMM beats
+    integer dot products (a 3072x576 weight on 2 AVX2 cores: 41 ms in the
+    kernel against 21 ms dequantized, at 256 rows; the kernel wins at 64),
+    so the weight is dequantized for that call, one float weight at a time.
+    Its inputs are rounded first exactly as the kernel rounds them: either
+    path then computes the same product up to float summation order, and a
+    prompt does not change its reply with the batch it arrives in.
+    """
+
+    __slots__ = ("_bound", "bias", "format", "in_features", "out_features", "weight")
+
+    def __init__(self, weight: QuantizedTensor, bias: torch.Tensor | None = None) -> None:
+        if weight.data.device.type != "cpu":
+            raise ValueError("QuantLinear runs on the CPU; dequantize the weight for other devices")
+        self.format = weight.format
+        self.out_features, self.in_features = weight.shape
+        self.weight = QuantizedTensor(
+            weight.format,
+            weight.data.contiguous(),
+            weight.scales.contiguous(),
+            None if weight.mins is None else weight.mins.contiguous(),
+        )
+        self.bias = None if bias is None else bias.float().contiguous()
+        self._bound: native.BoundProduct | None = None  # bound at the first product
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.nbytes
+
+    def product_into(
+        self,
+        x: torch.Tensor,
+        out: torch.Tensor,
+        *,
+        input_op: str | None = None,
+        norm_weight: torch.Tensor | None = None,
+        eps: float = 0.0,
+        accumulate: bool = False,
+        kernel_only: bool = False,
+    ) -> None:
+        """out (+)= op(x) @ W.T + bias, float32 rows, in place: op is None,
+        "rms_norm" (times norm_weight) or "swiglu" (x holds gate then up);
+        with `accumulate` the product is added to out (a residual stream).
+        The steps of LlamaModel's native path are these calls.
+        `kernel_only`: never the dequantized path (batch invariance)."""
+        if x.stride(1) != 1:
+            x = x.contiguous()
+        if kernel_only or x.shape[0] < DEQUANTIZE_ROWS:
+            if self._bound is None:
+                w = self.weight
+                self._bound = native.BoundProduct(w.format, w.data, w.scales, w.mins, self.bias)
+            norm = None if norm_weight is None else norm_weight.data_ptr()
+            self._bound(x, out, torch.get_num_threads(), native.INPUT_OPS[input_op], norm, eps, accumulate)
+            return
+        rounded = native.prepare_inputs(x, self.in_features, input_op=input_op, norm_weight=norm_weight, eps=eps)
+        y = F.linear(rounded, dequantize_fast(self.weight), self.bias)
+        if accumulate:
+            out.add_(y)
+        else:
+            out.copy_(y)
+
+    def _product(self, x: torch.Tensor, kernel_only: bool) -> torch.Tensor:
+        out = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
+        self.product_into(x.float(), out, kernel_only=kernel_only)
+        return out if x.dtype == torch.float32 else out.to(x.dtype)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self._product(x, kernel_only=False)
+
+    def tiled(self, x: torch.Tensor, rows: int) -> torch.Tensor:
+        """As engine.model.linear.Linear.tiled: each row's result is independent of
+        the batch. The kernel computes every row alone in one fixed order, so
+        no tiling is needed; it simply never hands large products to oneDNN."""
+        return self._product(x, kernel_only=True)
+
+
+def dequantize_fast(weight: QuantizedTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """weight.dequantize(), in one pass of the native kernel where it runs."""
+    if weight.data.device.type == "cpu" and native.available():
+        rows = torch.arange(weight.shape[0])
+        w = native.quant_take_rows(weight.format, rows, weight.data, weight.scales, weight.mins, weight.cols)
+        return w if dtype == torch.float32 else w.to(dtype)
+    return weight.dequantize(dtype)
+
+
+def take_rows(weight: QuantizedTensor, index: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Dequantized rows `index` (an embedding lookup), [*index.shape, cols]."""
+    if weight.data.device.type == "cpu" and native.available():
+        rows = native.quant_take_rows(weight.format, index, weight.data, weight.scales, weight.mins, weight.cols)
+        rows = rows if dtype == torch.float32 else rows.to(dtype)
+        return rows.view(*index.shape, weight.cols)
+    return weight.take_rows(index, dtype)
+
+
+class ConcatLinear:
+    """Products with several weights side by side, outputs concatenated: a
+    fused q/k/v (or gate/up) whose parts were stored in different formats."""
+
+    __slots__ = ("out_features", "parts")
+
+    def __init__(self, parts: list) -> None:
+        self.parts = parts
+        self.out_features = sum(p.out_features for p in parts)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p(x) for p in self.parts], dim=-1)
+
+    def tiled(self, x: torch.Tensor, rows: int) -> torch.Tensor:
+        return torch.cat([p.tiled(x, rows) for p in self.parts], dim=-1)
+
+
+def cpu_kernel_available() -> bool:
+    """Whether quantized weights can run as they are on this CPU: the native
+    kernels are built (or buildable) and compute what this module expects
+    (checked once, on a small weight of each format)."""
+    global _kernel_works
+    if _kernel_works is None:
+        _kernel_works = _check_kernel()
+    return _kernel_works
+
+
+_kernel_works: bool | None = None
+
+
+def cpu_kernel_expected() -> bool:
+    """cpu_kernel_available()'s answer where it is known, else a prediction
+    that builds and runs nothing (engine.kernels.native.likely_available): for
+    estimates made on the GUI thread."""
+    return _kernel_works if _kernel_works is not None else native.likely_available()
+
+
+def _check_kernel() -> bool:
+    if not native.available():
+        return False
+    gen = torch.Generator().manual_seed(0)
+    for fmt in FORMATS:
+        weight = quantize(torch.randn(48, 64, generator=gen), fmt)
+        x = torch.randn(3, 64, generator=gen)
+        got = QuantLinear(weight)(x)
+        want = x @ weight.dequantize().T
+        # The kernel quantizes x to int8 groups: relative error ~1/254 per input.
+        if not torch.allclose(got, want, atol=0.05 * float(want.abs().max()), rtol=0):
+            log.warning("the native %s kernel disagrees with its reference; quantized weights will be dequantized", fmt)
+            return False
+    return True
+
+
+def fold_quantized_headers(
+    headers: dict[str, tuple[tuple[int, ...], str]], formats: dict[str, str]
+) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Safetensors headers (name -> (shape, dtype)) with each quantized
+    weight's stored parts (.qdata, .scales, .mins) folded into its own name,
+    shape [rows, cols] and its format as the dtype ("Q4_1"): what a folder
+    check compares with the shapes config.json implies."""
+    folded = dict(headers)
+    for name, fmt in formats.items():
+        parts = [folded.pop(name + suffix, None) for suffix in (".qdata", ".scales", ".mins")]
+        if parts[0] is None:
+            continue  # missing: the check reports the weight itself as missing
+        rows, stored_cols = parts[0][0]
+        folded[name] = ((rows, stored_cols * (1 if fmt == "q8_0" else 2)), fmt.upper())
+    return folded

@@ -1,0 +1,726 @@
+"""The model manager dialog, and the model dropdown of a pane's header.
+
+The dialog lists the registry's models with their details, adds a model
+folder, imports a GGUF file (with a progress bar and a Cancel button) and
+removes models. A float checkpoint's details hold its "Quantize at load"
+choice (Off / int8 / int4, kept per model in the registry); a folder stored
+quantized already (an imported GGUF file) shows its formats instead. An import runs on a daemon thread that never touches Qt: it
+only records its progress and outcome under a lock, and a timer on the GUI
+thread shows them. (Emitting Qt signals from plain Python threads crashed
+PySide6 6.8+ in this project's test runs; see ui/event_loop.py.)
+
+Message boxes and file dialogs are opened with `open()`, never `exec()`: a
+nested event loop would stall the asyncio callbacks qasync runs on Qt's loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from PySide6.QtCore import QEvent, QSize, Qt, QTimer, Signal
+from PySide6.QtGui import QColor, QKeySequence, QPalette, QShortcut
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
+    QDialog,
+    QFileDialog,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QMessageBox,
+    QProgressBar,
+    QPushButton,
+    QSplitter,
+    QTreeWidget,
+    QTreeWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.models.memory_estimate import MemoryEstimate, estimate_memory
+from app.models.registry import (
+    DEFAULT_MODEL_ID,
+    QUANTIZE_CHOICES,
+    ImportCancelledError,
+    ModelDetails,
+    ModelEntry,
+    ModelError,
+    ModelRegistry,
+)
+from engine.errors import EngineError
+from engine.progress import LoadProgress, display_path, format_bytes
+from ui.theme import muted_text_color
+
+log = logging.getLogger(__name__)
+
+# How often the GUI thread looks at a running import (a progress bar needs no more).
+_POLL_MS = 50
+
+# The "Quantize at load" choices: (label, registry value).
+QUANTIZE_ITEMS: tuple[tuple[str, str | None], ...] = (
+    ("Off", None),
+    ("int8 (8-bit)", "int8"),
+    ("int4 (4-bit)", "int4"),
+)
+assert {value for _, value in QUANTIZE_ITEMS} - {None} == set(QUANTIZE_CHOICES)
+# What each choice does to a float checkpoint (engine/formats/loader.py quantized_copy).
+_QUANTIZE_MEANING = {
+    None: "Runs the weights as stored.",
+    "int8": "Layers as 8-bit blocks (q8_0, ~1.06 bytes a weight): nearly identical replies, faster on the CPU.",
+    "int4": (
+        "Layers as 4-bit blocks (q4_1, ~0.6 bytes a weight; embedding and head at 8 bits): "
+        "smallest and fastest on the CPU, slightly less accurate."
+    ),
+}
+
+
+def format_parameters(count: int) -> str:
+    """134_515_008 -> '135M', 7_241_732_096 -> '7.2B'."""
+    if count >= 1e9:
+        return f"{count / 1e9:.1f}B"
+    if count >= 1e8:
+        return f"{count / 1e6:.0f}M"
+    if count >= 1e6:
+        return f"{count / 1e6:.1f}M"
+    return f"{count / 1e3:.0f}K"
+
+
+@dataclass(slots=True)
+class _ImportJob:
+    """A GGUF import on its own thread; the GUI thread reads it under `lock`."""
+
+    path: Path
+    cancel: threading.Event
+    lock: threading.Lock
+    thread: threading.Thread | None = None
+    progress: LoadProgress | None = None
+    entry: ModelEntry | None = None
+    error: BaseException | None = None
+    finished: bool = False
+
+
+class ModelManagerDialog(QDialog):
+    """Lists, adds, imports and removes models; `models_changed` after each change.
+
+    Tests (and other callers) can skip the file dialogs: `add_folder(path)`
+    and `import_gguf(path)` are what the buttons call.
+    """
+
+    models_changed = Signal()
+
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        parent: QWidget | None = None,
+        *,
+        is_in_use: Callable[[str], bool] | None = None,
+        is_loaded: Callable[[str], bool] | None = None,
+        reload_model: Callable[[str], None] | None = None,
+    ) -> None:
+        """`is_loaded(id)`: whether the model's engine is loaded now (a changed
+        quantize choice then applies at its next load); `reload_model(id)`
+        reloads it, offered after such a change."""
+        super().__init__(parent)
+        self.setWindowTitle("Models")
+        self.registry = registry
+        # Panes running a model: such a model cannot be removed until they switch.
+        self._is_in_use = is_in_use or (lambda model_id: False)
+        self._is_loaded = is_loaded or (lambda model_id: False)
+        self._reload_model = reload_model
+        # Models whose quantize choice changed while they were loaded.
+        self._pending_reload: set[str] = set()
+        self._details: dict[str, ModelDetails | ModelError] = {}
+        self._engine_settings: dict[str, object] = {"device": "auto", "dtype": "auto", "kv_cache_mb": None, "page_size": 16}
+        self._job: _ImportJob | None = None
+        self.error_box: QMessageBox | None = None
+        self.confirm_box: QMessageBox | None = None
+        self.file_dialog: QFileDialog | None = None
+
+        self.model_list = QTreeWidget(self)
+        self.model_list.setHeaderLabels(["Model", "Kind", "Size"])
+        self.model_list.setRootIsDecorated(False)
+        self.model_list.setUniformRowHeights(True)
+        self.model_list.setAlternatingRowColors(True)
+        self.model_list.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.model_list.setAccessibleName("Models")
+        header = self.model_list.header()
+        header.setStretchLastSection(False)
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        header.setSectionResizeMode(1, QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(2, QHeaderView.ResizeMode.ResizeToContents)
+        self.model_list.currentItemChanged.connect(lambda *_: self._show_selected())
+
+        self.details_box = QGroupBox("Details", self)
+        form = QFormLayout(self.details_box)
+        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+        form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.DontWrapRows)
+        form.setLabelAlignment(Qt.AlignmentFlag.AlignRight)
+        self.detail_labels: dict[str, QLabel] = {}
+        for key, title in (
+            ("architecture", "Architecture"),
+            ("parameters", "Parameters"),
+            ("context", "Context length"),
+            ("dtype", "Stored as"),
+            ("size", "Size on disk"),
+            ("memory", "Memory to run"),
+            ("source", "Source"),
+        ):
+            value = QLabel(self.details_box)
+            value.setWordWrap(True)
+            value.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+            value.setMinimumWidth(self.fontMetrics().averageCharWidth() * 30)
+            form.addRow(f"{title}:", value)
+            self.detail_labels[key] = value
+        # A path does not wrap at spaces; a read-only line scrolls and copies cleanly.
+        self.location_field = QLineEdit(self.details_box)
+        self.location_field.setReadOnly(True)
+        self.location_field.setFrame(False)
+        self.location_field.setAccessibleName("Location")
+        clear = self.location_field.palette()
+        clear.setColor(QPalette.ColorRole.Base, QColor(0, 0, 0, 0))  # reads as text, in any theme
+        self.location_field.setPalette(clear)
+        form.addRow("Location:", self.location_field)
+
+        # Quantize at load: a choice for float checkpoints, the formats otherwise.
+        quantize_row = QWidget(self.details_box)
+        quantize_layout = QVBoxLayout(quantize_row)
+        quantize_layout.setContentsMargins(0, 0, 0, 0)
+        choice_line = QHBoxLayout()
+        self.quantize_choice = QComboBox(quantize_row)
+        self.quantize_choice.setAccessibleName("Quantize at load")
+        for label, value in QUANTIZE_ITEMS:
+            self.quantize_choice.addItem(label, value)
+        self.quantize_choice.activated.connect(self._on_quantize_chosen)
+        self.reload_button = QPushButton("Re&load now", quantize_row)
+        self.reload_button.setAutoDefault(False)
+        self.reload_button.setToolTip("Load the model again with the new choice (its replies in progress stop)")
+        self.reload_button.clicked.connect(self.reload_selected)
+        self.reload_button.hide()
+        choice_line.addWidget(self.quantize_choice)
+        choice_line.addWidget(self.reload_button)
+        choice_line.addStretch(1)
+        quantize_layout.addLayout(choice_line)
+        self.quantize_note = QLabel(quantize_row)
+        self.quantize_note.setWordWrap(True)
+        self.quantize_note.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.quantize_note.setMinimumWidth(self.fontMetrics().averageCharWidth() * 30)
+        quantize_layout.addWidget(self.quantize_note)
+        quantize_label = QLabel("&Quantize at load:", self.details_box)
+        quantize_label.setBuddy(self.quantize_choice)
+        form.addRow(quantize_label, quantize_row)
+        self.details_error = QLabel(self.details_box)
+        self.details_error.setWordWrap(True)
+        self.details_error.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.details_error.hide()
+        form.addRow(self.details_error)
+
+        splitter = QSplitter(Qt.Orientation.Horizontal, self)
+        splitter.addWidget(self.model_list)
+        splitter.addWidget(self.details_box)
+        splitter.setChildrenCollapsible(False)
+        splitter.setStretchFactor(0, 5)
+        splitter.setStretchFactor(1, 6)
+
+        # The import in progress: what it does, how far, and a way to stop it.
+        self.import_row = QWidget(self)
+        import_layout = QHBoxLayout(self.import_row)
+        import_layout.setContentsMargins(0, 0, 0, 0)
+        self.import_label = QLabel(self.import_row)
+        self.import_label.setWordWrap(True)
+        self.progress_bar = QProgressBar(self.import_row)
+        self.progress_bar.setRange(0, 1000)
+        self.progress_bar.setAccessibleName("Import progress")
+        self.cancel_button = QPushButton("Ca&ncel import", self.import_row)
+        self.cancel_button.clicked.connect(self.cancel_import)
+        column = QVBoxLayout()
+        column.addWidget(self.import_label)
+        column.addWidget(self.progress_bar)
+        import_layout.addLayout(column, 1)
+        import_layout.addWidget(self.cancel_button, 0, Qt.AlignmentFlag.AlignBottom)
+        self.import_row.hide()
+
+        # The last outcome ("Imported …", "The import was cancelled …").
+        self.status_label = QLabel(self)
+        self.status_label.setWordWrap(True)
+        self._paint_muted(self.status_label)
+
+        self.add_button = QPushButton("&Add model folder…", self)
+        self.add_button.setToolTip("A Hugging Face model folder: config.json, *.safetensors and tokenizer.json")
+        self.add_button.clicked.connect(self.choose_folder)
+        self.import_button = QPushButton("&Import GGUF file…", self)
+        self.import_button.setToolTip("A llama.cpp .gguf file, converted once into Tandem's models folder")
+        self.import_button.clicked.connect(self.choose_gguf)
+        self.remove_button = QPushButton("&Remove…", self)
+        self.remove_button.clicked.connect(self.remove_selected)
+        self.close_button = QPushButton("&Close", self)
+        self.close_button.clicked.connect(self.reject)
+        self.close_button.setAutoDefault(False)
+        for button in (self.add_button, self.import_button, self.remove_button, self.cancel_button):
+            button.setAutoDefault(False)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.add_button)
+        buttons.addWidget(self.import_button)
+        buttons.addWidget(self.remove_button)
+        buttons.addStretch(1)
+        buttons.addWidget(self.close_button)
+
+        layout = QVBoxLayout(self)
+        layout.addWidget(splitter, 1)
+        layout.addWidget(self.import_row)
+        layout.addWidget(self.status_label)
+        layout.addLayout(buttons)
+
+        QShortcut(QKeySequence(QKeySequence.StandardKey.Delete), self.model_list, self.remove_selected)
+        QWidget.setTabOrder(self.model_list, self.quantize_choice)
+        QWidget.setTabOrder(self.quantize_choice, self.reload_button)
+        QWidget.setTabOrder(self.reload_button, self.add_button)
+        QWidget.setTabOrder(self.add_button, self.import_button)
+        QWidget.setTabOrder(self.import_button, self.remove_button)
+        QWidget.setTabOrder(self.remove_button, self.close_button)
+        QWidget.setTabOrder(self.close_button, self.cancel_button)
+
+        self._poll = QTimer(self)
+        self._poll.setInterval(_POLL_MS)
+        self._poll.timeout.connect(self._poll_import)
+
+        em = self.fontMetrics().averageCharWidth()
+        self.resize(em * 128, self.fontMetrics().lineSpacing() * 30)
+        self.refresh()
+        self.model_list.setFocus()
+
+    # -- the list ----------------------------------------------------------------
+
+    def set_engine_settings(
+        self, device: str = "auto", dtype: str = "auto", kv_cache_mb: int | None = None, page_size: int = 16
+    ) -> None:
+        """The engine settings the "Memory to run" estimate assumes."""
+        self._engine_settings = {"device": device, "dtype": dtype, "kv_cache_mb": kv_cache_mb, "page_size": page_size}
+        self._show_selected()
+
+    def refresh(self, select_id: str | None = None) -> None:
+        """Re-read the registry and the models' details."""
+        current = select_id or self.selected_id() or DEFAULT_MODEL_ID
+        self._details.clear()
+        self.model_list.clear()
+        chosen: QTreeWidgetItem | None = None
+        for entry in self.registry.models():
+            details = self._details_of(entry.id)
+            size = format_bytes(details.size_on_disk_bytes) if isinstance(details, ModelDetails) else "—"
+            name = entry.name if entry.available() else f"{entry.name} (missing)"
+            item = QTreeWidgetItem([name, entry.kind_label, size])
+            item.setData(0, Qt.ItemDataRole.UserRole, entry.id)
+            item.setTextAlignment(2, Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+            item.setToolTip(0, display_path(entry.path) if entry.path else "Built into Tandem")
+            self.model_list.addTopLevelItem(item)
+            if entry.id == current:
+                chosen = item
+        self.model_list.setCurrentItem(chosen or self.model_list.topLevelItem(0))
+        self._show_selected()
+
+    def selected_id(self) -> str | None:
+        item = self.model_list.currentItem()
+        return None if item is None else item.data(0, Qt.ItemDataRole.UserRole)
+
+    def _details_of(self, model_id: str) -> ModelDetails | ModelError:
+        if model_id not in self._details:
+            try:
+                self._details[model_id] = self.registry.details(model_id)
+            except ModelError as exc:
+                self._details[model_id] = exc
+            except Exception as exc:  # a bug must not take the dialog down
+                log.exception("details of %s", model_id)
+                self._details[model_id] = ModelError(f"The details could not be read: {exc}")
+        return self._details[model_id]
+
+    def _show_selected(self) -> None:
+        model_id = self.selected_id()
+        self._update_buttons()
+        if model_id is None:
+            self.details_box.setTitle("Details")
+            return
+        entry = self.registry.get(model_id) if self._known(model_id) else None
+        details = self._details_of(model_id)
+        self.details_box.setTitle(entry.name if entry else "Details")
+        labels = self.detail_labels
+        if isinstance(details, ModelError):
+            for label in labels.values():
+                label.setText("—")
+            self._set_location(display_path(entry.path) if entry and entry.path else "—")
+            self.details_error.setText(str(details))
+            self.details_error.show()
+            self.quantize_choice.hide()
+            self.reload_button.hide()
+            self.quantize_note.setText("—")
+            return
+        self.details_error.hide()
+        labels["architecture"].setText(details.architecture)
+        labels["parameters"].setText(format_parameters(details.parameters))
+        labels["parameters"].setToolTip(f"{details.parameters:,} parameters")
+        labels["context"].setText(f"{details.context_length:,} tokens")
+        labels["dtype"].setText(details.dtype)
+        labels["size"].setText(format_bytes(details.size_on_disk_bytes))
+        self._set_location(display_path(details.path) if details.path else "Imported on first use")
+        labels["source"].setText(details.source)
+        quantize = entry.quantize if entry is not None and not details.quantized else None
+        estimate = self._estimate(details, quantize)
+        if isinstance(estimate, EngineError):  # e.g. CUDA chosen in the settings, none here
+            labels["memory"].setText(str(estimate))
+        else:
+            where = "this computer's memory" if estimate.device == "cpu" else "the GPU"
+            labels["memory"].setText(f"{estimate.describe()}, in {where}")
+        self._show_quantize(model_id, details, quantize, estimate)
+
+    def _estimate(self, details: ModelDetails, quantize: str | None) -> MemoryEstimate | EngineError:
+        try:
+            return estimate_memory(
+                details.shape, **self._engine_settings, stored=details.stored, quantize=quantize  # type: ignore[arg-type]
+            )
+        except EngineError as exc:
+            return exc
+
+    def _show_quantize(
+        self, model_id: str, details: ModelDetails, quantize: str | None, estimate: MemoryEstimate | EngineError
+    ) -> None:
+        """The "Quantize at load" row: the choice and what it means, or the
+        formats of a model stored quantized already."""
+        note = self.quantize_note
+        if details.quantized:
+            self.quantize_choice.hide()
+            self.reload_button.hide()
+            note.setText(
+                f"Not needed: stored as {' + '.join(details.stored.formats)} blocks, which stay "
+                "quantized in memory."
+            )
+            return
+        self.quantize_choice.show()
+        self.quantize_choice.setCurrentIndex(max(0, self.quantize_choice.findData(quantize)))
+        parts = [_QUANTIZE_MEANING[quantize]]
+        if quantize is None:
+            smaller = [(mode, self._estimate(details, mode)) for mode in QUANTIZE_CHOICES]
+            if all(isinstance(e, MemoryEstimate) for _, e in smaller) and isinstance(estimate, MemoryEstimate):
+                sizes = " and ".join(f"{format_bytes(e.weights_bytes)} in {mode}" for mode, e in smaller)  # type: ignore[union-attr]
+                parts.append(
+                    f"Quantized, the weights would take {sizes} instead of "
+                    f"{format_bytes(estimate.weights_bytes)}; computed once at the next load, then cached."
+                )
+            else:
+                problem = next(e for _, e in [*smaller, (None, estimate)] if isinstance(e, EngineError))
+                parts.append(str(problem))
+        elif isinstance(estimate, EngineError):
+            parts.append(str(estimate))
+        else:
+            as_stored = self._estimate(details, None)
+            if isinstance(as_stored, MemoryEstimate):
+                parts.append(
+                    f"Weights {format_bytes(estimate.weights_bytes)} instead of "
+                    f"{format_bytes(as_stored.weights_bytes)};"
+                )
+            parts.append("computed once at the first load, then cached.")
+        pending = model_id in self._pending_reload and self._is_loaded(model_id)
+        if pending:
+            parts.append("The loaded copy runs as before until the model loads again.")
+        note.setText(" ".join(parts))
+        self.reload_button.setVisible(pending and self._reload_model is not None)
+
+    def _on_quantize_chosen(self, index: int) -> None:
+        model_id = self.selected_id()
+        if model_id is None:
+            return
+        mode = self.quantize_choice.itemData(index)
+        try:
+            entry = self.registry.set_quantize(model_id, mode)
+        except ModelError as exc:
+            self.show_error("The quantize choice was not changed", str(exc))
+            self._show_selected()  # back to the choice that is saved
+            return
+        label = self.quantize_choice.itemText(index)
+        if self._is_loaded(model_id):
+            self._pending_reload.add(model_id)
+            when = "the next time it loads" + (" (or reload it now)" if self._reload_model is not None else "")
+            self.status_label.setText(f"“{entry.name}”: quantize at load set to {label}; it applies {when}.")
+        else:
+            self.status_label.setText(f"“{entry.name}”: quantize at load set to {label}; it applies when it loads.")
+        self._show_selected()
+
+    def reload_selected(self) -> None:
+        """Reload the selected model so that its quantize choice applies now."""
+        model_id = self.selected_id()
+        if model_id is None or self._reload_model is None:
+            return
+        self._pending_reload.discard(model_id)
+        try:
+            self._reload_model(model_id)
+        except Exception as exc:  # the window reports load failures itself; this is a bug
+            log.exception("reloading %s", model_id)
+            self.show_error("The model was not reloaded", str(exc))
+            return
+        self.status_label.setText(f"Reloading “{self.registry.get(model_id).name}”…")
+        self._show_selected()
+
+    def _set_location(self, text: str) -> None:
+        self.location_field.setText(text)
+        self.location_field.setCursorPosition(0)
+        self.location_field.setToolTip(text)
+
+    def _known(self, model_id: str) -> bool:
+        return any(entry.id == model_id for entry in self.registry.models())
+
+    def _update_buttons(self) -> None:
+        busy = self._job is not None
+        model_id = self.selected_id()
+        in_use = model_id is not None and self._is_in_use(model_id)
+        removable = model_id is not None and model_id != DEFAULT_MODEL_ID and not in_use
+        self.add_button.setEnabled(not busy)
+        self.import_button.setEnabled(not busy)
+        self.remove_button.setEnabled(removable and not busy)
+        if model_id == DEFAULT_MODEL_ID:
+            self.remove_button.setToolTip("The built-in model cannot be removed")
+        elif in_use:
+            self.remove_button.setToolTip("A pane runs this model; switch it to another model first")
+        else:
+            self.remove_button.setToolTip("Remove the selected model from the list (Delete)")
+
+    # -- adding a folder -----------------------------------------------------------
+
+    def choose_folder(self) -> None:
+        dialog = QFileDialog(self, "Add a model folder")
+        dialog.setFileMode(QFileDialog.FileMode.Directory)
+        dialog.setOption(QFileDialog.Option.ShowDirsOnly, True)
+        dialog.fileSelected.connect(self.add_folder)
+        self.file_dialog = dialog
+        dialog.open()
+
+    def add_folder(self, path: str | Path) -> ModelEntry | None:
+        """Check and register a folder; a refusal is shown, nothing registered."""
+        try:
+            entry = self.registry.add_folder(path)
+        except ModelError as exc:
+            self.show_error("The folder was not added", str(exc))
+            return None
+        self.status_label.setText(f"Added “{entry.name}”.")
+        self.refresh(select_id=entry.id)
+        self.models_changed.emit()
+        return entry
+
+    # -- importing a GGUF file -------------------------------------------------------
+
+    def choose_gguf(self) -> None:
+        dialog = QFileDialog(self, "Import a GGUF file")
+        dialog.setFileMode(QFileDialog.FileMode.ExistingFile)
+        dialog.setNameFilters(["GGUF models (*.gguf)", "All files (*)"])
+        dialog.fileSelected.connect(self.import_gguf)
+        self.file_dialog = dialog
+        dialog.open()
+
+    @property
+    def importing(self) -> bool:
+        return self._job is not None
+
+    def import_gguf(self, path: str | Path) -> None:
+        """Start importing `path` on a background thread; returns at once."""
+        if self._job is not None:
+            return
+        job = _ImportJob(Path(path), threading.Event(), threading.Lock())
+
+        def record(progress: LoadProgress) -> None:
+            with job.lock:
+                job.progress = progress
+
+        def work() -> None:
+            try:
+                entry = self.registry.import_gguf(job.path, on_progress=record, cancel=job.cancel)
+            except BaseException as exc:  # reported on the GUI thread
+                with job.lock:
+                    job.error, job.finished = exc, True
+            else:
+                with job.lock:
+                    job.entry, job.finished = entry, True
+
+        job.thread = threading.Thread(target=work, name="tandem-gguf-import", daemon=True)
+        self._job = job
+        self.import_label.setText(f"Reading {job.path.name}…")
+        self.progress_bar.setRange(0, 0)  # busy until the first report
+        self.cancel_button.setEnabled(True)
+        self.import_row.show()
+        self.status_label.clear()
+        self._update_buttons()
+        job.thread.start()
+        self._poll.start()
+        self.cancel_button.setFocus()
+
+    def cancel_import(self) -> None:
+        if self._job is not None:
+            self._job.cancel.set()
+            self.cancel_button.setEnabled(False)
+            self.import_label.setText(f"Cancelling the import of {self._job.path.name}…")
+
+    def _poll_import(self) -> None:
+        job = self._job
+        if job is None:
+            self._poll.stop()
+            return
+        with job.lock:
+            progress, finished, entry, error = job.progress, job.finished, job.entry, job.error
+        if progress is not None and not job.cancel.is_set():
+            self.progress_bar.setRange(0, 1000)
+            self.progress_bar.setValue(round(progress.fraction * 1000))
+            self.import_label.setText(progress.detail)
+        if not finished:
+            return
+        self._poll.stop()
+        self._job = None
+        self.import_row.hide()
+        if entry is not None:
+            self.status_label.setText(f"Imported {job.path.name} as “{entry.name}”.")
+            self.refresh(select_id=entry.id)
+            self.models_changed.emit()
+        elif isinstance(error, ImportCancelledError):
+            self.status_label.setText(str(error))
+            self._update_buttons()
+        else:
+            self._update_buttons()
+            message = str(error) if isinstance(error, ModelError) else f"Unexpected error: {error!r}"
+            if not isinstance(error, ModelError):
+                log.error("GGUF import failed", exc_info=error)
+            if self.isVisible():
+                self.show_error(f"{job.path.name} was not imported", message)
+            else:
+                self.status_label.setText(message)
+
+    def wait_for_import(self, timeout: float) -> bool:
+        """Block until the running import's thread ends (for tests and shutdown)."""
+        job = self._job
+        if job is None or job.thread is None:
+            return True
+        job.thread.join(timeout)
+        return not job.thread.is_alive()
+
+    # -- removing ----------------------------------------------------------------
+
+    def remove_selected(self) -> None:
+        """Ask, then remove the selected model."""
+        model_id = self.selected_id()
+        if model_id is None or not self.remove_button.isEnabled():
+            return
+        entry = self.registry.get(model_id)
+        if entry.kind == "gguf":
+            details = self._details.get(model_id)
+            size = f" ({format_bytes(details.size_on_disk_bytes)})" if isinstance(details, ModelDetails) else ""
+            source = f" The original file {entry.source.name} is kept." if entry.source else ""
+            text = f"Remove “{entry.name}”? Its imported copy{size} will be deleted.{source}"
+        else:
+            where = display_path(entry.path) if entry.path else "it"
+            text = f"Remove “{entry.name}” from the list? The folder {where} itself is not deleted."
+        box = QMessageBox(
+            QMessageBox.Icon.Question, "Remove model", text,
+            QMessageBox.StandardButton.Cancel, self,
+        )
+        remove = box.addButton("&Remove", QMessageBox.ButtonRole.DestructiveRole)
+        box.setDefaultButton(QMessageBox.StandardButton.Cancel)
+        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        self.confirm_box = box
+
+        def finished(_result: int) -> None:
+            self.confirm_box = None
+            if box.clickedButton() is remove:
+                self.remove_model(model_id)
+
+        box.finished.connect(finished)
+        box.open()
+
+    def remove_model(self, model_id: str) -> bool:
+        """Remove without asking; a failure is shown."""
+        try:
+            entry = self.registry.remove(model_id)
+        except ModelError as exc:
+            self.show_error("The model was not removed", str(exc))
+            return False
+        self.status_label.setText(f"Removed “{entry.name}”.")
+        self.refresh(select_id=DEFAULT_MODEL_ID)
+        self.models_changed.emit()
+        return True
+
+    # -- errors, closing -------------------------------------------------------------
+
+    def show_error(self, title: str, message: str) -> None:
+        box = QMessageBox(QMessageBox.Icon.Warning, title, message, QMessageBox.StandardButton.Ok, self)
+        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        self.error_box = box
+
+        def finished(_result: int) -> None:
+            if self.error_box is box:
+                self.error_box = None
+
+        box.finished.connect(finished)
+        box.open()
+
+    def done(self, result: int) -> None:
+        # Closing the dialog stops an import it started: the user can no
+        # longer see it or cancel it.
+        self.cancel_import()
+        super().done(result)
+
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 (Qt's name)
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange:
+            self._paint_muted(self.status_label)  # follow a theme switch
+
+    def _paint_muted(self, label: QLabel) -> None:
+        palette = label.palette()
+        palette.setColor(QPalette.ColorRole.WindowText, muted_text_color(self.palette()))
+        label.setPalette(palette)
+
+
+class ModelPicker(QComboBox):
+    """The model dropdown of a pane's header; `model_chosen(id)` when the user picks one."""
+
+    model_chosen = Signal(str)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setAccessibleName("Model")
+        self.setToolTip("The model this pane runs")
+        self.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+        self._current: str | None = None
+        self.activated.connect(self._on_activated)
+
+    def set_models(self, entries: Sequence[ModelEntry], current_id: str | None) -> None:
+        """Show `entries`, `current_id` selected; emits nothing."""
+        self.blockSignals(True)
+        try:
+            self.clear()
+            for entry in entries:
+                available = entry.available()
+                self.addItem(entry.name if available else f"{entry.name} (missing)", entry.id)
+                index = self.count() - 1
+                where = display_path(entry.path) if entry.path else "Built into Tandem"
+                self.setItemData(index, f"{entry.kind_label}: {where}", Qt.ItemDataRole.ToolTipRole)
+                if not available:
+                    # Greyed out and not selectable: its files are gone.
+                    self.model().item(index).setEnabled(False)  # type: ignore[attr-defined]
+            index = self.findData(current_id) if current_id is not None else -1
+            self.setCurrentIndex(index)
+            self._current = current_id if index >= 0 else None
+        finally:
+            self.blockSignals(False)
+
+    def current_id(self) -> str | None:
+        return self._current
+
+    def _on_activated(self, index: int) -> None:
+        model_id = self.itemData(index)
+        if model_id is None or model_id == self._current:
+            return
+        self._current = model_id
+        self.model_chosen.emit(model_id)
+
+    def sizeHint(self) -> QSize:  # noqa: N802
+        hint = super().sizeHint()
+        return QSize(min(hint.width(), self.fontMetrics().averageCharWidth() * 36), hint.height())

@@ -1,0 +1,150 @@
+"""One message in a pane: who said it, the text, a stats line, its actions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtCore import QEvent, Qt, Signal
+from PySide6.QtGui import QFont, QGuiApplication, QPalette
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QToolButton, QVBoxLayout, QWidget
+
+from ui.panes.markdown_view import MarkdownView
+from ui.theme import muted_text_color, user_bubble_color
+
+
+def format_stats(stats: Any, streaming: bool = False) -> str:
+    """'41.2 tok/s · TTFT 0.05 s · prompt 812 tokens, 800 from cache'."""
+    if stats is None:
+        return ""
+    parts = []
+    if stats.tokens_per_s:
+        parts.append(f"{stats.tokens_per_s:.1f} tok/s")
+    if stats.ttft_s is not None:
+        parts.append(f"TTFT {stats.ttft_s:.2f} s")
+    if stats.prompt_tokens:
+        parts.append(f"prompt {stats.prompt_tokens} tokens, {stats.cached_prompt_tokens} from cache")
+    if stats.generated_tokens:
+        parts.append(f"{stats.generated_tokens} generated")
+    reason = getattr(stats, "finish_reason", None)
+    if not streaming and reason == "length":
+        parts.append("hit max tokens")
+    return " · ".join(parts)
+
+
+class MessageView(QFrame):
+    """A message; `update_from(message)` refreshes it from the app's record."""
+
+    copy_requested = Signal(int)
+    regenerate_requested = Signal(int)
+    edit_requested = Signal(int)
+    fork_requested = Signal(int)
+
+    def __init__(self, index: int, role: str, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.index = index
+        self.role = role
+        self.setObjectName(f"message{index}")
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(8, 6, 8, 6)
+        layout.setSpacing(2)
+
+        header = QHBoxLayout()
+        header.setSpacing(4)
+        names = {"user": "You", "assistant": "Assistant", "notice": "Note"}
+        self.role_label = QLabel(names.get(role, role.capitalize()), self)
+        bold = QFont(self.role_label.font())
+        bold.setBold(True)
+        self.role_label.setFont(bold)
+        self.state_label = QLabel(self)
+        header.addWidget(self.role_label)
+        header.addWidget(self.state_label)
+        header.addStretch(1)
+        self.copy_button = self._action("Copy", "Copy this message", self.copy_requested)
+        self.edit_button = self._action("Edit", "Edit this message and send it again", self.edit_requested)
+        self.regenerate_button = self._action("Regenerate", "Replace this reply with a new one", self.regenerate_requested)
+        self.fork_button = self._action("Fork", "Open a new pane holding the conversation up to here", self.fork_requested)
+        for button in (self.copy_button, self.edit_button, self.regenerate_button, self.fork_button):
+            header.addWidget(button)
+        self.edit_button.setVisible(role == "user")
+        self.regenerate_button.setVisible(False)
+        if role == "notice":  # a note about the conversation, not part of it: nothing to copy, fork or edit
+            self.copy_button.hide()
+            self.fork_button.hide()
+        layout.addLayout(header)
+
+        self.body = MarkdownView(self, plain=(role in ("user", "notice")))
+        layout.addWidget(self.body)
+        if role == "notice":
+            italic = QFont(self.body.font())
+            italic.setItalic(True)
+            self.body.setFont(italic)
+        self.stats_label = QLabel(self)
+        self.stats_label.setWordWrap(True)
+        small = QFont(self.stats_label.font())
+        small.setPointSizeF(max(small.pointSizeF() * 0.85, 6.0))
+        self.stats_label.setFont(small)
+        self.stats_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.stats_label.hide()
+        layout.addWidget(self.stats_label)
+        self.state = ""
+        self._apply_colors()
+
+    def _action(self, text: str, tip: str, signal: Signal) -> QToolButton:
+        button = QToolButton(self)
+        button.setText(text)
+        button.setToolTip(tip)
+        button.setAutoRaise(True)
+        button.setFocusPolicy(Qt.FocusPolicy.TabFocus)
+        button.clicked.connect(lambda: signal.emit(self.index))
+        return button
+
+    def update_from(self, message: Any, live_stats: Any = None) -> None:
+        self.state = message.state
+        self.body.set_markdown(message.text)
+        streaming = message.state == "streaming"
+        notes = {
+            "streaming": "replying…",
+            "stopped": "stopped",
+            "error": "failed",
+            "interrupted": "interrupted: Tandem closed while it was being written",
+        }
+        self.state_label.setText(notes.get(message.state, ""))
+        stats = live_stats if streaming and live_stats is not None else message.stats
+        line = format_stats(stats, streaming)
+        if message.state == "error" and message.error:
+            line = f"Error: {message.error}" + (f" · {line}" if line else "")
+        self.stats_label.setText(line)
+        self.stats_label.setVisible(bool(line))
+        self.fork_button.setEnabled(not streaming)
+
+    def set_can_regenerate(self, can: bool) -> None:
+        self.regenerate_button.setVisible(self.role == "assistant" and can)
+
+    def copy_text(self) -> None:
+        QGuiApplication.clipboard().setText(self.body.markdown())
+
+    def _apply_colors(self) -> None:
+        palette = self.parentWidget().palette() if self.parentWidget() else self.palette()
+        # Fresh palettes that set one role each, so everything else still
+        # follows the application's palette when it changes.
+        muted = QPalette()
+        muted.setColor(QPalette.ColorRole.WindowText, muted_text_color(palette))
+        self.stats_label.setPalette(muted)
+        self.state_label.setPalette(muted)
+        if self.role == "user":
+            own = QPalette()
+            own.setColor(QPalette.ColorRole.Window, user_bubble_color(palette))
+            self.setAutoFillBackground(True)
+            self.setBackgroundRole(QPalette.ColorRole.Window)
+            # Only this frame's background: children keep the inherited palette.
+            self.setPalette(own)
+
+    def changeEvent(self, event) -> None:  # noqa: N802
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange and not getattr(self, "_coloring", False):
+            self._coloring = True
+            try:
+                self._apply_colors()
+            finally:
+                self._coloring = False

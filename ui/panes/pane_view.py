@@ -1,0 +1,350 @@
+"""One conversation pane: header, messages, context meter.
+
+The pane never renders on every delta: `mark_dirty` records what changed and
+the window's frame timer calls `flush` at most ~30 times a second, which
+re-renders only the messages that changed (while a reply streams: that one
+reply, and within it only its last Markdown block).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtCore import QEvent, Qt, Signal
+from PySide6.QtGui import QFont, QPalette
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QProgressBar,
+    QScrollArea,
+    QSizePolicy,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from ui.panes.message_view import MessageView
+from ui.dialogs.model_manager import ModelPicker
+from ui.theme import warning_color
+
+# Room left for the next message when deciding that the context is nearly full.
+CONTEXT_MARGIN_TOKENS = 64
+from ui.panes.pane_settings import describe_params
+
+
+class ElidedLabel(QLabel):
+    """A one-line label that ends in "…" when the pane is too narrow for it."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self._full = ""
+
+    def setText(self, text: str) -> None:  # noqa: N802
+        self._full = text
+        self._elide()
+
+    def full_text(self) -> str:
+        return self._full
+
+    def _elide(self) -> None:
+        super().setText(self.fontMetrics().elidedText(self._full, Qt.TextElideMode.ElideRight, max(self.width(), 1)))
+
+    def resizeEvent(self, event) -> None:  # noqa: N802
+        super().resizeEvent(event)
+        self._elide()
+
+
+def _short_count(n: int) -> str:
+    return f"{n / 1000:.1f}k" if n >= 1000 else str(n)
+
+
+class PaneView(QFrame):
+    """Shows one `app.workspace.workspace.Pane`; forwards the user's requests as signals."""
+
+    stop_requested = Signal(int)  # pane id
+    close_requested = Signal(int)
+    settings_requested = Signal(int)
+    regenerate_requested = Signal(int, int)  # pane id, message index
+    edit_requested = Signal(int, int)
+    fork_requested = Signal(int, int)
+    activated = Signal(int)  # the user clicked or focused into this pane
+    model_chosen = Signal(int, str)  # pane id, model id
+
+    def __init__(self, pane: Any, model_name: str, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.pane = pane
+        self.pane_id: int = pane.id
+        self.model_name = model_name
+        self.setObjectName(f"pane{pane.id}")
+        self.setFrameShape(QFrame.Shape.StyledPanel)
+        self.setMinimumWidth(self.fontMetrics().averageCharWidth() * 24)
+        self.setFocusPolicy(Qt.FocusPolicy.ClickFocus)
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(0)
+
+        self.header = QFrame(self)
+        self.header.setAutoFillBackground(True)
+        head = QHBoxLayout(self.header)
+        head.setContentsMargins(6, 3, 3, 3)
+        head.setSpacing(2)
+        self.title_label = QLabel(self.header)
+        bold = QFont(self.title_label.font())
+        bold.setBold(True)
+        self.title_label.setFont(bold)
+        self.model_picker = ModelPicker(self.header)
+        self.model_picker.setFocusPolicy(Qt.FocusPolicy.TabFocus)
+        self.model_picker.model_chosen.connect(lambda model_id: self.model_chosen.emit(self.pane_id, model_id))
+        # Narrow panes share the header with the settings summary: the picker
+        # shows the start of a long model name (the full name is in its list).
+        self.model_picker.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.model_picker.setMinimumContentsLength(12)
+        self.model_picker.hide()  # shown once the window gives it the models to choose from
+        self.summary_label = ElidedLabel(self.header)
+        # "ready" | "loading" | "error" | "unloaded" | "closed": the pane's model, as the window last heard.
+        self.model_state = "ready"
+        self._model_entries: list[Any] = []
+        self._picker_shows: tuple[Any, ...] | None = None
+        self.settings_button = self._tool("⚙", "Settings for this pane (Ctrl+,)", lambda: self.settings_requested.emit(self.pane_id))
+        self.stop_button = self._tool("■", "Stop this pane's reply", lambda: self.stop_requested.emit(self.pane_id))
+        self.close_button = self._tool("✕", "Close this pane (Ctrl+W)", lambda: self.close_requested.emit(self.pane_id))
+        head.addWidget(self.title_label)
+        head.addWidget(self.model_picker)
+        head.addWidget(self.summary_label, 1)
+        for button in (self.settings_button, self.stop_button, self.close_button):
+            head.addWidget(button)
+        layout.addWidget(self.header)
+
+        self.scroll = QScrollArea(self)
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.scroll.setBackgroundRole(QPalette.ColorRole.Base)
+        self._content = QWidget()
+        self._content.setBackgroundRole(QPalette.ColorRole.Base)
+        self._content.setAutoFillBackground(True)
+        self._list = QVBoxLayout(self._content)
+        self._list.setContentsMargins(4, 4, 4, 4)
+        self._list.setSpacing(6)
+        self.empty_label = QLabel("No messages yet. Type in the box below and press Ctrl+Enter.", self._content)
+        self.empty_label.setWordWrap(True)
+        self.empty_label.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.empty_label.setForegroundRole(QPalette.ColorRole.PlaceholderText)
+        self._list.addWidget(self.empty_label)
+        self._list.addStretch(1)
+        self.scroll.setWidget(self._content)
+        layout.addWidget(self.scroll, 1)
+
+        foot = QHBoxLayout()
+        foot.setContentsMargins(6, 2, 6, 3)
+        self.context_meter = QProgressBar(self)
+        self.context_meter.setTextVisible(True)
+        self.context_meter.setMaximumHeight(self.fontMetrics().height() + 4)
+        self.context_meter.setToolTip("Tokens of the model's context this conversation uses")
+        foot.addWidget(QLabel("context", self))
+        foot.addWidget(self.context_meter, 1)
+        layout.addLayout(foot)
+
+        self.context_warning = False
+        self.messages: dict[int, MessageView] = {}
+        self._dirty: set[int] = set()
+        self._live_stats: dict[int, Any] = {}
+        self._follow = True
+        bar = self.scroll.verticalScrollBar()
+        bar.rangeChanged.connect(self._on_range_changed)
+        bar.valueChanged.connect(self._on_scrolled)
+        self._current = False
+        self.refresh_header()
+        self.refresh_context()
+        for index in range(len(pane.conversation.messages)):
+            self._add_message(index)
+
+    def _tool(self, text: str, tip: str, slot: Any) -> QToolButton:
+        button = QToolButton(self.header)
+        button.setText(text)
+        button.setToolTip(tip)
+        button.setAutoRaise(True)
+        button.clicked.connect(slot)
+        return button
+
+    # -- reacting to the app ---------------------------------------------------
+
+    def refresh_header(self) -> None:
+        conv = self.pane.conversation
+        self.title_label.setText(self.pane.title)
+        remote = getattr(self.pane, "remote", None)
+        picking = remote is None and bool(self._model_entries)
+        self.model_picker.setVisible(picking)
+        shown = (tuple(e.id for e in self._model_entries), conv.model_id)
+        if picking and shown != self._picker_shows:
+            self.model_picker.set_models(self._model_entries, conv.model_id)
+            self._picker_shows = shown
+        name = remote.label if remote is not None else ("" if picking else self.model_name)
+        summary = describe_params(name, conv.params).lstrip(" ·")
+        if conv.system_prompt:
+            summary += " · system prompt"
+        note = {"loading": "loading…", "error": "failed to load", "unloaded": "not loaded"}.get(self.model_state)
+        if remote is None and note:
+            summary = f"{note} · {summary}"
+        self.summary_label.setText(summary)
+        tip = summary if remote is None else f"{summary}\nServed by {remote.base_url}"
+        if conv.system_prompt:
+            tip += f"\nSystem prompt: {conv.system_prompt[:300]}"
+        self.summary_label.setToolTip(tip)
+        self.stop_button.setEnabled(bool(self.pane.busy))
+        self._refresh_actions()
+
+    def set_model_entries(self, entries: list[Any]) -> None:
+        """The models the header's picker offers (app.models.registry.ModelEntry)."""
+        self._model_entries = list(entries)
+        self._picker_shows = None
+        self.refresh_header()
+
+    def refresh_context(self) -> None:
+        conv = self.pane.conversation
+        limit = max(int(conv.context_limit or 0), 0)
+        used = int(conv.context_used)
+        self.context_meter.setRange(0, max(limit, 1))
+        self.context_meter.setValue(min(used, max(limit, 1)))
+        self.context_meter.setFormat(f"{_short_count(used)} / {_short_count(limit) if limit else '?'} tokens")
+        # Warn before the next turn stops fitting: the conversation, a reply
+        # of the pane's maximum length and a message's worth of room.
+        near = bool(limit) and used + conv.params.max_tokens + CONTEXT_MARGIN_TOKENS > limit
+        if near != self.context_warning:
+            self.context_warning = near
+            palette = QPalette(self.palette())
+            if near:
+                palette.setColor(QPalette.ColorRole.Highlight, warning_color(self.palette()))
+                self.context_meter.setPalette(palette)
+            else:
+                self.context_meter.setPalette(QPalette())
+        if near:
+            then = (
+                "the oldest turns will be left out of what the model reads"
+                if conv.context_policy == "drop_oldest"
+                else "the next message will be refused (pane settings: drop the oldest turns instead)"
+            )
+            self.context_meter.setToolTip(f"The conversation nearly fills the model's context: soon {then}.")
+        else:
+            self.context_meter.setToolTip("Tokens of the model's context this conversation uses")
+
+    def message_appended(self, index: int) -> None:
+        self._add_message(index)
+        self._refresh_actions()
+        self._follow = True
+
+    def reply_delta(self, index: int, stats: Any) -> None:
+        self._live_stats[index] = stats
+        self._dirty.add(index)
+
+    def reply_finished(self, index: int) -> None:
+        self._live_stats.pop(index, None)
+        self._dirty.add(index)
+        self.flush()
+
+    def messages_truncated(self, length: int) -> None:
+        for index in [i for i in self.messages if i >= length]:
+            view = self.messages.pop(index)
+            self._list.removeWidget(view)
+            view.deleteLater()
+            self._dirty.discard(index)
+            self._live_stats.pop(index, None)
+        self.empty_label.setVisible(not self.messages)
+        self._refresh_actions()
+        self.refresh_context()
+
+    @property
+    def dirty(self) -> bool:
+        return bool(self._dirty)
+
+    def flush(self) -> None:
+        """Re-render what changed since the last flush (called by the frame timer)."""
+        if not self._dirty:
+            return
+        msgs = self.pane.conversation.messages
+        for index in sorted(self._dirty):
+            view = self.messages.get(index)
+            if view is not None and index < len(msgs):
+                view.update_from(msgs[index], self._live_stats.get(index))
+        self._dirty.clear()
+        self.refresh_context()
+
+    # -- messages --------------------------------------------------------------
+
+    def _add_message(self, index: int) -> None:
+        msgs = self.pane.conversation.messages
+        if index in self.messages or index >= len(msgs):
+            return
+        message = msgs[index]
+        view = MessageView(index, message.role, self._content)
+        view.copy_requested.connect(lambda i: self.messages[i].copy_text())
+        view.regenerate_requested.connect(lambda i: self.regenerate_requested.emit(self.pane_id, i))
+        view.edit_requested.connect(lambda i: self.edit_requested.emit(self.pane_id, i))
+        view.fork_requested.connect(lambda i: self.fork_requested.emit(self.pane_id, i))
+        # Before the trailing stretch, in index order.
+        position = sum(1 for i in self.messages if i < index) + 1
+        self._list.insertWidget(position, view)
+        self.messages[index] = view
+        self.empty_label.hide()
+        view.update_from(message)
+
+    def _refresh_actions(self) -> None:
+        # Regenerate and edit change the conversation: not while a reply streams into it.
+        busy = bool(self.pane.busy)
+        last = len(self.pane.conversation.messages) - 1
+        for index, view in self.messages.items():
+            view.set_can_regenerate(index == last and not busy)
+            view.edit_button.setEnabled(not busy)
+
+    def last_reply_index(self) -> int | None:
+        msgs = self.pane.conversation.messages
+        for index in range(len(msgs) - 1, -1, -1):
+            if msgs[index].role == "assistant":
+                return index
+        return None
+
+    def last_user_index(self) -> int | None:
+        msgs = self.pane.conversation.messages
+        for index in range(len(msgs) - 1, -1, -1):
+            if msgs[index].role == "user":
+                return index
+        return None
+
+    # -- following the stream ------------------------------------------------------
+
+    def _on_range_changed(self, _lo: int, hi: int) -> None:
+        if self._follow:
+            self.scroll.verticalScrollBar().setValue(hi)
+
+    def _on_scrolled(self, value: int) -> None:
+        bar = self.scroll.verticalScrollBar()
+        # Near the bottom counts as the bottom: a line of slack for rounding.
+        self._follow = value >= bar.maximum() - self.fontMetrics().height()
+
+    @property
+    def following(self) -> bool:
+        return self._follow
+
+    # -- being the current pane -----------------------------------------------------
+
+    def set_current(self, current: bool) -> None:
+        self._current = current
+        self.header.setBackgroundRole(
+            QPalette.ColorRole.Highlight if current else QPalette.ColorRole.Window
+        )
+        role = QPalette.ColorRole.HighlightedText if current else QPalette.ColorRole.WindowText
+        self.title_label.setForegroundRole(role)
+        self.summary_label.setForegroundRole(role)
+
+    def mousePressEvent(self, event) -> None:  # noqa: N802
+        self.activated.emit(self.pane_id)
+        super().mousePressEvent(event)
+
+    def event(self, event) -> bool:  # noqa: A003
+        if event.type() == QEvent.Type.FocusIn:
+            self.activated.emit(self.pane_id)
+        return super().event(event)
