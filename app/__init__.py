@@ -15,35 +15,59 @@ app.settings      Settings (defaults in code, one JSON file in the config
                   policy), kv_cache_mb, default_params (SamplingParams),
                   default_system_prompt, theme, ui_state (free-form dict the
                   window may use for geometry etc.).
-app.workspace.conversation  Message, ReplyStats, Conversation (see its docstring for
-                  how the kept token ids are grown and cut).
-app.workspace.workspace     Pane, Workspace, Turn.
-app.events        The events Workspace.subscribe callbacks receive.
-app.workspace.compare       word_diff(a, b) -> (segments of a, segments of b).
 app.errors        AppError and its subclasses; each message can be shown to
                   the user as it is.
-app.remote.openai_client OpenAIClient for an OpenAI-compatible server (RemoteError
-                  and subclasses).
-app.remote.remote_pane   RemoteBackend (a pane's server: base_url, model, api_key
-                  kept out of repr) and RemoteReply (one streaming reply).
-app.store.chat_store    ChatStore: conversations, messages and the pane layout in
-                  SQLite (WAL, schema version with migrations; a damaged file
-                  is kept aside and a new store started). StoreError and
-                  subclasses (disk full, read-only, locked, corrupt, newer).
-app.store.writer  StoreWriter: every write on one background thread, from
-                  snapshots taken on the caller's thread.
-app.store.recorder ChatRecorder: keeps the store in step with a Workspace
-                  (messages, replies when they end, checkpoints of a
-                  streaming reply every ~2 s, the layout).
-app.store.session       ChatSession: open the store (crash detection), restore the
-                  panes, record, and mark a clean exit on close.
-app.store.export   Markdown / JSON export, JSON import, side-by-side comparison.
-app.store.cli     `tandem chats list|export|import` (no Qt, no torch).
-app.models.registry ModelRegistry: the default model plus added folders and
-                  imported GGUF files (models.json); ModelError subclasses.
-app.models.memory_estimate What a model will take (weights + KV pool) and whether it
-                  fits beside the models already loaded.
-app.remote.local_server  LocalServer: serve the loaded engines over the OpenAI API.
+app.events        The events Workspace.subscribe callbacks receive.
+app.files         write_text_atomically (export files, never half written).
+
+app.workspace     What the window shows, without widgets:
+  .workspace        Workspace (Pane, Turn, ModelSlot re-exported from the
+                    modules below).
+  .pane             Pane: one column, its conversation and backend.
+  .conversation     Message, ReplyStats, Conversation (see its docstring for
+                    how the kept token ids are grown and cut).
+  .model_slots      ModelSlot (one model: state, progress, error, engine) and
+                    ModelSlots: each model's engine loaded and closed off
+                    the GUI thread, with progress.
+  .replies          Turn, and the replies streaming into panes: one engine
+                    batch per model, one request per remote pane.
+  .context_policy   What a prompt holds when the conversation outgrows the
+                    context ("stop" or "drop_oldest").
+  .compare          word_diff(a, b) -> (segments of a, segments of b).
+
+app.models        The models a user can pick:
+  .registry         ModelRegistry: the default model plus added folders and
+                    imported GGUF files (models.json); ModelError subclasses.
+  .memory_estimate  What a model will take (weights + KV pool) and whether it
+                    fits beside the models already loaded.
+
+app.store         The chats on disk:
+  .chat_store       ChatStore: conversations, messages and the pane layout in
+                    SQLite (the queries; re-exports the names below).
+  .connection       Where the file is; opening it (WAL, checks, migration; a
+                    damaged file is kept aside and a new store started).
+  .schema           SCHEMA_VERSION and the current tables.
+  .migrations       One function per schema version step, applied in order.
+  .records          PaneLayout, ConversationSummary, HeaderRecord,
+                    MessageRecord and the encodings of their values.
+  .errors           StoreError and subclasses (disk full, read-only, locked,
+                    corrupt, newer).
+  .writer           StoreWriter: every write on one background thread, from
+                    snapshots taken on the caller's thread.
+  .recorder         ChatRecorder: keeps the store in step with a Workspace
+                    (messages, replies when they end, checkpoints of a
+                    streaming reply every ~2 s, the layout).
+  .session          ChatSession: open the store (crash detection), restore
+                    the panes, record, and mark a clean exit on close.
+  .export           Markdown / JSON export, JSON import, side-by-side comparison.
+  .cli              `tandem chats list|export|import` (no Qt, no torch).
+
+app.remote        Other servers and serving ours:
+  .openai_client    OpenAIClient for an OpenAI-compatible server (RemoteError
+                    and subclasses).
+  .remote_pane      RemoteBackend (a pane's server: base_url, model, api_key
+                    kept out of repr) and RemoteReply (one streaming reply).
+  .local_server     LocalServer: serve the loaded engines over the OpenAI API.
 
 Workspace API (additions to the agreed contract are marked +)
 -------------------------------------------------------------
@@ -53,7 +77,9 @@ Workspace API (additions to the agreed contract are marked +)
         # + model_options(model_id) -> that model's own Engine arguments
         #   (the registry's "Quantize at load" choice: {"quantize": "int4"})
     Each local pane runs conversation.model_id; panes on one model share one
-    engine (workspace.slots: model id -> ModelSlot). load_model(id) /
+    engine, in a ModelSlot: slot_model_ids() (every model loading, ready or
+    failed), model_slot(id) -> ModelSlot | None (.state, .progress, .error,
+    .engine, .options). load_model(id) /
     unload_model(id), engine_for(id), model_state(id), pane_model_state(pane),
     loaded_models(), model_busy(id), model_in_use(id); set_model(pane, id),
     set_context_policy(pane, "stop" | "drop_oldest"), open_conversation(conv).
@@ -78,7 +104,7 @@ Workspace API (additions to the agreed contract are marked +)
     await load_engine(settings=None) -> bool (+ bool: ready; failures are
         reported as state "error", not raised)
     stats() -> engine.EngineStats | None
-    await shutdown()
+    await shutdown(); closed (True once shutdown began)
     subscribe(callback) -> unsubscribe
 
     Pane: id, title, conversation, busy (property), remote (RemoteBackend | None),

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from engine.progress import LoadProgress
 
     from app.workspace.conversation import ReplyStats
-    from app.workspace.workspace import Pane
+    from app.workspace.pane import Pane
 
 
 @dataclass(slots=True, frozen=True)

@@ -29,12 +29,11 @@ import platformdirs
 from app.workspace.conversation import CONTEXT_POLICIES
 from app.errors import AppError
 from app.files import write_text_atomically
+from engine.config import DEVICES, DTYPES, EngineConfig
 from engine.params import InvalidSamplingParams, SamplingParams
 
 SETTINGS_FILE_NAME = "settings.json"
 
-DEVICES = ("auto", "cpu", "cuda")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 THEMES = ("system", "light", "dark")
 # The engine takes any page size of at least 1. Settings keep to powers of two
 # up to 256: a power of two turns the `pos // page_size`, `pos % page_size` of
@@ -195,8 +194,10 @@ class Settings:
         return write_text_atomically(path, json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n")
 
     def engine_kwargs(self) -> dict[str, Any]:
-        """The Engine constructor arguments these settings choose."""
-        kwargs: dict[str, Any] = {
+        """The Engine options these settings choose, by EngineConfig's names
+        and checked by it (engine.config.InvalidEngineConfig for a value it
+        refuses); the options the settings leave alone are absent."""
+        chosen: dict[str, Any] = {
             "model": self.model,
             "device": self.device,
             "dtype": self.dtype,
@@ -204,8 +205,14 @@ class Settings:
             "page_size": self.page_size,
         }
         if self.kv_cache_mb is not None:
-            kwargs["kv_cache_bytes"] = self.kv_cache_mb * 1024 * 1024
-        return kwargs
+            chosen["kv_cache_bytes"] = self.kv_cache_mb * 1024 * 1024
+        config = EngineConfig(**chosen)
+        return {name: getattr(config, name) for name in chosen}
+
+    def engine_config(self, **options: Any) -> EngineConfig:
+        """The EngineConfig these settings choose, with `options` (EngineConfig
+        fields, e.g. a model's own max_context) over them."""
+        return EngineConfig(**{**self.engine_kwargs(), **options})
 
 
 @dataclass(slots=True, frozen=True)

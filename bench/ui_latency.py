@@ -90,7 +90,7 @@ def run_with_window(engine: Any, settings: Any, panes: int, store: Path | None =
     # The window's own work per frame (re-rendering what streamed in), timed
     # apart from the gaps, which also count time the OS gave other threads.
     flushes: list[float] = []
-    flush = window._flush_panes
+    flush = window.flush_panes
 
     def timed_flush() -> None:
         start = time.perf_counter()

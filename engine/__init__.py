@@ -1,13 +1,13 @@
 """Tandem's inference engine: load a model, serve many requests at once.
 
-`from engine import Engine, SamplingParams`. Nothing here imports Qt.
+`from engine import Engine, EngineConfig, SamplingParams`. Nothing here imports Qt.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Engine", "SamplingParams"]
+__all__ = ["Engine", "EngineConfig", "SamplingParams"]
 
 
 def __getattr__(name: str) -> Any:
@@ -17,6 +17,10 @@ def __getattr__(name: str) -> Any:
         from engine.llm import Engine
 
         return Engine
+    if name == "EngineConfig":
+        from engine.config import EngineConfig
+
+        return EngineConfig
     if name == "SamplingParams":
         from engine.params import SamplingParams
 

@@ -41,3 +41,36 @@ class EngineClosedError(EngineError):
 
 class LoadCancelled(EngineError):
     """Loading a model (a GGUF import included) was cancelled by the caller."""
+
+
+class GGUFFormatError(ModelLoadError):
+    """A GGUF file that is truncated, damaged or not a GGUF file at all."""
+
+
+class NoWeightsError(ModelLoadError):
+    """A folder without any weight file."""
+
+
+class CorruptSafetensorsError(ModelLoadError):
+    """A safetensors file or index that is truncated, damaged or incomplete."""
+
+
+class FolderWriteError(ModelLoadError):
+    """A model folder could not be written (disk full, read-only, no permission)."""
+
+
+class InvalidEngineConfig(EngineError, ValueError):
+    """An engine option is of the wrong type or outside its allowed values."""
+
+
+class MaxContextTooLargeError(EngineError):
+    """max_context asks for more tokens than the model was trained on."""
+
+    def __init__(self, requested: int, trained: int, model: str) -> None:
+        self.requested = requested
+        self.trained = trained
+        self.model = model
+        super().__init__(
+            f"max_context {requested} is more than {model}'s trained context of {trained} "
+            f"tokens; use at most {trained}, or leave it unset for the whole trained context"
+        )

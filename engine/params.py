@@ -1,4 +1,6 @@
-"""What a request asks of sampling: SamplingParams, checked when made.
+"""What a request asks of sampling: SamplingParams, checked when made, and
+SAMPLING_FIELDS, the one table of the numeric fields' ranges and meanings that
+SamplingParams' checks, the command line's flags and the window's form all read.
 
 Kept apart from engine.model.sampler (the tensor work) so that code which only
 stores or shows parameters (the chat store, `tandem chats`) never imports torch.
@@ -17,6 +19,111 @@ _MIN_TEMPERATURE = 1e-5
 
 class InvalidSamplingParams(EngineError, ValueError):
     """A sampling parameter is outside its allowed range."""
+
+
+@dataclass(slots=True, frozen=True)
+class SamplingField:
+    """One numeric SamplingParams field: its range, how a form shows it, what it does.
+
+    `minimum`/`maximum` are the bounds SamplingParams accepts. A bound is
+    included unless `exclusive_minimum`/`exclusive_maximum` says otherwise
+    (top_p may not be 0, min_p may not be 1); `form_minimum`/`form_maximum`
+    are the nearest values a spin box with `decimals` decimals may show.
+    """
+
+    name: str
+    """The SamplingParams field, e.g. "min_p"."""
+    label: str
+    """For a form: "Min-p"."""
+    kind: type
+    """int or float."""
+    minimum: float
+    maximum: float | None
+    """None: no upper bound."""
+    step: float
+    """A spin box's step."""
+    decimals: int
+    """0 for ints."""
+    help: str
+    """One sentence: what it does, and which value turns it off."""
+    exclusive_minimum: bool = False
+    exclusive_maximum: bool = False
+
+    def allows(self, value: object) -> bool:
+        """Whether `value` is of this field's kind, finite, and in its range."""
+        if isinstance(value, bool) or not isinstance(value, (int, float) if self.kind is float else int):
+            return False
+        # NaN fails every comparison below, and infinity is no setting.
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        if value < self.minimum or (self.exclusive_minimum and value == self.minimum):
+            return False
+        if self.maximum is not None and (
+            value > self.maximum or (self.exclusive_maximum and value == self.maximum)
+        ):
+            return False
+        return True
+
+    def range_text(self) -> str:
+        """The range in words, e.g. "above 0 and at most 1" (used by every message about it)."""
+        low = f"above {self.minimum:g}" if self.exclusive_minimum else f"at least {self.minimum:g}"
+        if self.maximum is None:
+            return low
+        high = f"below {self.maximum:g}" if self.exclusive_maximum else f"at most {self.maximum:g}"
+        return f"{low} and {high}"
+
+    @property
+    def form_minimum(self) -> float:
+        """The least value a spin box with `decimals` decimals may offer."""
+        return self.minimum + 10.0**-self.decimals if self.exclusive_minimum else self.minimum
+
+    @property
+    def form_maximum(self) -> float | None:
+        """The greatest value a spin box may offer; None: no upper bound."""
+        if self.maximum is None or not self.exclusive_maximum:
+            return self.maximum
+        return self.maximum - 10.0**-self.decimals
+
+
+SAMPLING_FIELDS: tuple[SamplingField, ...] = (
+    SamplingField(
+        "temperature", "Temperature", float, 0.0, None, 0.05, 2,
+        "Randomness of the reply; 0 always picks the most likely token (greedy).",
+    ),
+    SamplingField(
+        "top_p", "Top-p", float, 0.0, 1.0, 0.05, 2,
+        "Sample only from the most likely tokens whose probabilities add up to this; 1 turns it off.",
+        exclusive_minimum=True,
+    ),
+    SamplingField(
+        "top_k", "Top-k", int, 0, None, 1, 0,
+        "Sample only from this many of the most likely tokens; 0 turns it off.",
+    ),
+    SamplingField(
+        "min_p", "Min-p", float, 0.0, 1.0, 0.01, 2,
+        "Drop tokens less likely than this fraction of the most likely one; 0 turns it off.",
+        exclusive_maximum=True,
+    ),
+    SamplingField(
+        "repetition_penalty", "Repetition penalty", float, 0.0, None, 0.05, 2,
+        "Above 1 discourages tokens already in the prompt or reply; 1 turns it off.",
+        exclusive_minimum=True,
+    ),
+    SamplingField(
+        "max_tokens", "Max tokens", int, 1, None, 1, 0,
+        "Most tokens a reply may have.",
+    ),
+)
+
+_BY_NAME = {f.name: f for f in SAMPLING_FIELDS}
+
+
+def sampling_field(name: str) -> SamplingField:
+    """The table's entry for SamplingParams field `name` (KeyError for seed, stop, or a typo)."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"{name!r} is not a numeric sampling field; they are {', '.join(_BY_NAME)}") from None
 
 
 @dataclass(slots=True, frozen=True)
@@ -42,38 +149,16 @@ class SamplingParams:
     def __post_init__(self) -> None:
         # Each message names the field (a program sets it) and says what it does
         # and what it accepts (a person reads it).
-        _require(
-            _is_int(self.max_tokens) and self.max_tokens >= 1,
-            "max_tokens", "the reply length limit", "at least 1 (a whole number)", self.max_tokens,
-        )
-        _require(
-            _is_number(self.temperature) and math.isfinite(self.temperature)
-            and self.temperature >= 0,
-            "temperature", "the sampling randomness",
-            "at least 0 and finite (0 always picks the most likely token)",
-            self.temperature,
-        )
-        _require(
-            _is_int(self.top_k) and self.top_k >= 0,
-            "top_k", "how many of the most likely tokens to sample from",
-            "at least 0 (a whole number; 0 turns it off)", self.top_k,
-        )
-        _require(
-            _is_number(self.top_p) and 0 < self.top_p <= 1,
-            "top_p", "the probability mass of the most likely tokens to sample from",
-            "above 0 and at most 1 (1 turns it off)", self.top_p,
-        )
-        _require(
-            _is_number(self.min_p) and 0 <= self.min_p < 1,
-            "min_p", "the least probability kept, as a fraction of the top token's",
-            "at least 0 and below 1 (0 turns it off)", self.min_p,
-        )
-        _require(
-            _is_number(self.repetition_penalty) and math.isfinite(self.repetition_penalty)
-            and self.repetition_penalty > 0,
-            "repetition_penalty", "how strongly repeated tokens are discouraged",
-            "above 0 and finite (1 turns it off)", self.repetition_penalty,
-        )
+        for field in SAMPLING_FIELDS:
+            value = getattr(self, field.name)
+            if not field.allows(value):
+                kind = " (a whole number)" if field.kind is int else (
+                    " (a finite number)" if field.maximum is None else ""
+                )
+                raise InvalidSamplingParams(
+                    f"{field.name} ({field.label}) must be {field.range_text()}{kind}, "
+                    f"got {value!r}. {field.help}"
+                )
         _require(
             self.seed is None or _is_int(self.seed),
             "seed", "the random seed", "a whole number, or None for a random one",
@@ -97,11 +182,6 @@ class SamplingParams:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    # NaN fails every range comparison, so the range checks reject it too.
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _require(ok: bool, field: str, meaning: str, allowed: str, value: object) -> None:

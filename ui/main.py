@@ -15,8 +15,15 @@ import os
 import signal
 import sys
 from importlib import metadata
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from PySide6.QtWidgets import QApplication
+
+    from app.models.registry import ModelRegistry
+    from app.settings import Settings
 
 
 def version() -> str:
@@ -63,7 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _run_settings(saved: Any, args: argparse.Namespace) -> Any:
+def _run_settings(saved: Settings, args: argparse.Namespace) -> Settings:
     """The saved settings with this run's command-line choices on top (not saved back)."""
     overrides = {k: v for k, v in (("model", args.model), ("device", args.device), ("dtype", args.dtype),
                                    ("threads", args.threads), ("theme", args.theme)) if v is not None}
@@ -79,7 +86,7 @@ def resources_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "resources"
 
 
-def _set_app_identity(app: Any) -> None:
+def _set_app_identity(app: QApplication) -> None:
     """The window icon, and the name that ties the window to tandem.desktop
     (Wayland's app id, the taskbar's grouping). Without resources/ (a bare
     pip install) the window just has the desktop's default icon."""
@@ -94,7 +101,7 @@ def _set_app_identity(app: Any) -> None:
         app.setWindowIcon(icon)
 
 
-def _model_resolver(registry: Any) -> Any:
+def _model_resolver(registry: ModelRegistry) -> Callable[[str], str]:
     """A pane's model id -> what Engine(model=...) takes: the registry's
     folder for its ids; anything else ("default", a folder or .gguf path
     given with --model) as it is."""
@@ -125,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     # Ctrl+C in the terminal: during start-up, stop before the window opens;
     # once it is open, close it the normal way (replies stopped, engine closed).
     interrupted = False
-    window: Any = None
+    window: MainWindow | None = None
 
     def on_interrupt(*_: object) -> None:
         nonlocal interrupted
@@ -164,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     workspace = Workspace(settings, resolve_model=_model_resolver(registry), model_options=registry.engine_options)
     store_problem = None
     try:
-        session: Any = ChatSession.open()
+        session: ChatSession | None = ChatSession.open()
     except StoreError as exc:  # e.g. a read-only data folder: chat on, without saving
         session, store_problem = None, str(exc)
     if session is not None:

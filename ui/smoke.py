@@ -142,7 +142,7 @@ def _run(args: argparse.Namespace, out: Path) -> None:
                 raise SmokeFailure(f"{pane.title}'s reply ended as {reply.state!r}: {reply.error or 'no error given'}")
             if not reply.text.strip():
                 raise SmokeFailure(f"{pane.title}'s reply is empty")
-        window._flush_panes()
+        window.flush_panes()
         window.refresh_status()
         await asyncio.sleep(0.2)  # let layouts settle before the picture
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -4,20 +4,14 @@ Before the window loads another model it asks three questions, answered here
 without loading anything:
 
 - `estimate_memory(shape, device, dtype, kv_cache_mb, page_size, stored=,
-  quantize=, quantized=)`: the bytes the engine will hold for the weights and
-  the KV pool. It mirrors what the engine does at load time, and must be kept
-  in step with it: engine/formats/loader.py `resolve_device`/`resolve_dtype` (which
-  device and dtype "auto" means; reused here), `resolve_quantized_compute`
-  (whether block-quantized weights run quantized or are dequantized; reused)
-  and `quantized_copy` (what `quantize="int8"|"int4"` keeps quantized),
-  engine/model/llama.py `LlamaModel.__init__` (norms and the KV cache in
-  `act_dtype`, fp32 on the CPU), engine/model/linear.py `Linear` (on the CPU a
-  oneDNN-packed second copy of every float matmul weight, lm_head included),
-  engine/model/quant.py `QuantLinear` (one copy of the blocks, a float32 bias) and
-  engine/llm.py `_EngineCore._default_kv_pages` /
-  `kv_cache_bytes_per_page` (the KV pool size). tests/app/test_model_registry.py
-  checks the estimate against really loaded engines, so a change there that
-  is not made here fails a test.
+  quantize=, quantized=, max_context=)`: the bytes the engine will hold for
+  the weights and the KV pool. Every rule is the engine's own, called here:
+  engine/formats/loader.py `resolve_device` / `resolve_dtype` (what "auto"
+  means) and `resolve_quantized_compute` (whether blocks run quantized),
+  engine/formats/weight_memory.py (the weights' bytes as the loader holds
+  them) and engine/runner/memory.py (the KV page's bytes, the default
+  budget, the pool's cap and the CUDA reserve). tests/app/test_model_registry.py
+  checks the estimate against really loaded engines.
 - `available_memory(device)`: the bytes free on the device now.
 - `check_fits(estimate, available, loaded)`: fits, or which idle models to
   unload so that it does.
@@ -30,145 +24,40 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from engine.model.config import ModelConfig
 from engine.errors import ModelLoadError
-from engine.formats.loader import QUANTIZE_MODES, resolve_device, resolve_dtype, resolve_quantized_compute
-from engine.runner.memory import DESKTOP_RESERVE_BYTES, RUNTIME_EXTRA_BYTES
+from engine.formats.loader import (
+    EMBEDDING_NAME,
+    LM_HEAD_NAME,
+    resolve_device,
+    resolve_dtype,
+    resolve_quantized_compute,
+)
+from engine.formats.weight_memory import ModelShape, QuantizedWeights, weight_bytes
+from engine.model.linear import cpu_weight_packing as cpu_packs_weights
 from engine.progress import format_bytes
-from engine.model.quant import GROUP_SIZE
+from engine.runner.memory import (
+    DESKTOP_RESERVE_BYTES,
+    MIB,
+    RUNTIME_EXTRA_BYTES,
+    activation_dtype,
+    default_kv_budget,
+    default_kv_pages,
+    kv_bytes_per_page,
+    sequence_pages,
+)
 
-MIB = 1 << 20
-# engine/llm.py _default_kv_pages: the KV budget on the CPU when none is given.
-CPU_DEFAULT_KV_BYTES = 1 << 30
-# engine/llm.py _default_kv_pages: never more pages than this many
-# sequences at full context.
-KV_CAP_SEQUENCES = 8
-# Bytes of one group of GROUP_SIZE weights in each engine.model.quant format: the
-# levels (8 or 4 bits each) plus a float16 scale (and a float16 min for q4_1).
-BLOCK_BYTES = {"q8_0": GROUP_SIZE + 2, "q4_0": GROUP_SIZE // 2 + 2, "q4_1": GROUP_SIZE // 2 + 4}
-EMBEDDING_NAME = "model.embed_tokens.weight"
-LM_HEAD_NAME = "lm_head.weight"
-
-
-def quantized_bytes(fmt: str, params: int) -> int:
-    """Bytes of `params` weights held in the block format `fmt` (rows are whole groups)."""
-    return params * BLOCK_BYTES[fmt] // GROUP_SIZE
-
-
-@dataclass(slots=True, frozen=True)
-class ModelShape:
-    """What the memory of a loaded Llama-family model depends on.
-
-    Parameter counts are split by how the engine stores them: matmul weights
-    (fused q/k/v, o, gate/up, down; packed a second time on the CPU), the
-    embedding, a separate lm_head (0 when tied to the embedding: the engine
-    then multiplies by the embedding itself), norms (kept in the activation
-    dtype) and biases (in the weights' dtype, never packed).
-    """
-
-    matmul_params: int
-    embedding_params: int
-    lm_head_params: int
-    norm_params: int
-    bias_params: int
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    max_context: int
-
-    @property
-    def parameters(self) -> int:
-        return (
-            self.matmul_params + self.embedding_params + self.lm_head_params
-            + self.norm_params + self.bias_params
-        )
-
-    @classmethod
-    def from_config(cls, c: ModelConfig) -> ModelShape:
-        """The shape engine/formats/loader.py builds for this config (the loader
-        refuses any checkpoint whose tensors differ from it)."""
-        hidden, inter, d = c.hidden_size, c.intermediate_size, c.head_dim
-        q_out, kv_out = c.num_attention_heads * d, c.num_key_value_heads * d
-        per_layer_matmul = (q_out + 2 * kv_out) * hidden + hidden * q_out + 3 * inter * hidden
-        per_layer_bias = (
-            (q_out + 2 * kv_out if c.qkv_bias else 0)
-            + (hidden if c.o_bias else 0)
-            + (2 * inter + hidden if c.mlp_bias else 0)
-        )
-        return cls(
-            matmul_params=c.num_hidden_layers * per_layer_matmul,
-            embedding_params=c.vocab_size * hidden,
-            lm_head_params=0 if c.tie_word_embeddings else c.vocab_size * hidden,
-            norm_params=(2 * c.num_hidden_layers + 1) * hidden,
-            bias_params=c.num_hidden_layers * per_layer_bias,
-            num_layers=c.num_hidden_layers,
-            num_kv_heads=c.num_key_value_heads,
-            head_dim=d,
-            max_context=c.max_position_embeddings,
-        )
-
-
-@dataclass(slots=True, frozen=True)
-class QuantizedWeights:
-    """Which of a model's weights are block-quantized (engine.model.quant formats),
-    counted the way ModelShape counts parameters. Empty: a float checkpoint.
-
-    `matmul`: (format, parameters) of the layers' quantized matrices; the rest
-    of ModelShape.matmul_params is float. `embedding` / `lm_head`: the
-    format of that table, None when it is float (or, for the head, absent).
-    """
-
-    matmul: tuple[tuple[str, int], ...] = ()
-    embedding: str | None = None
-    lm_head: str | None = None
-
-    def __bool__(self) -> bool:
-        return bool(self.matmul or self.embedding or self.lm_head)
-
-    @property
-    def formats(self) -> tuple[str, ...]:
-        """The formats present, sorted: ("q4_1", "q8_0")."""
-        found = {fmt for fmt, _ in self.matmul} | {f for f in (self.embedding, self.lm_head) if f}
-        return tuple(sorted(found))
-
-    @classmethod
-    def from_formats(
-        cls, formats: Mapping[str, str], shapes: Mapping[str, tuple[int, ...]]
-    ) -> QuantizedWeights:
-        """From a folder's config.json "quantization" map (engine.formats.loader
-        quantized_formats: weight name -> format) and the weights' [rows, cols]."""
-        matmul: Counter[str] = Counter()
-        embedding = lm_head = None
-        for name, fmt in formats.items():
-            if name == EMBEDDING_NAME:
-                embedding = fmt
-            elif name == LM_HEAD_NAME:
-                lm_head = fmt
-            elif name in shapes:
-                rows, cols = shapes[name]
-                matmul[fmt] += rows * cols
-        return cls(tuple(sorted(matmul.items())), embedding, lm_head)
-
-    @classmethod
-    def planned(cls, shape: ModelShape, mode: str) -> QuantizedWeights:
-        """What `quantize=mode` keeps of a float checkpoint (engine/formats/loader.py
-        quantized_copy): every layer matrix in the mode's format, the
-        embedding and a separate LM head in q8_0. Llama-family widths are
-        multiples of the 32-weight group, so every matrix qualifies."""
-        if mode not in QUANTIZE_MODES:
-            raise ModelLoadError(f"Unknown quantization '{mode}': use {', '.join(QUANTIZE_MODES)}")
-        return cls(
-            ((QUANTIZE_MODES[mode], shape.matmul_params),) if shape.matmul_params else (),
-            "q8_0",
-            "q8_0" if shape.lm_head_params else None,
-        )
+# Names other layers import from here; the rules behind them are the engine's.
+__all__ = [
+    "EMBEDDING_NAME", "LM_HEAD_NAME", "FitResult", "LoadedModel", "MemoryEstimate", "ModelShape",
+    "QuantizedWeights", "available_memory", "check_fits", "cpu_available_memory", "cpu_packs_weights",
+    "estimate_memory", "parse_meminfo",
+]
 
 
 @dataclass(slots=True, frozen=True)
@@ -216,16 +105,19 @@ def estimate_memory(
     stored: QuantizedWeights | None = None,
     quantize: str | None = None,
     quantized: str = "auto",
+    max_context: int | None = None,
 ) -> MemoryEstimate:
     """The memory an Engine(device=device, dtype=dtype, page_size=page_size,
-    kv_cache_bytes=kv_cache_mb MiB, quantize=quantize, quantized=quantized)
-    of this model will hold.
+    kv_cache_bytes=kv_cache_mb MiB, quantize=quantize, quantized=quantized,
+    max_context=max_context) of this model will hold.
 
     `stored`: the weights the model's folder keeps block-quantized (an
     imported GGUF file); they count at their blocks' bytes where they will
     run quantized, at float size where they will be dequantized. `quantize`
     ("int8", "int4") quantizes a float checkpoint at load; it is ignored for
     a folder that is quantized already, as the engine ignores it.
+    `max_context`: the context the engine is capped to (None: the model's
+    trained context, `shape.max_context`); the KV pool's cap follows it.
 
     Raises engine.errors.ModelLoadError for a device, dtype or quantization
     the engine would refuse (CUDA asked for without a GPU, an unknown dtype,
@@ -235,10 +127,6 @@ def estimate_memory(
         raise ModelLoadError("page_size must be at least 1")
     dev = resolve_device(device)
     weight_dtype = resolve_dtype(dtype, dev)
-    # engine/model/llama.py: norms, activations and the KV cache run in fp32 on the CPU.
-    act_dtype = torch.float32 if dev.type == "cpu" else weight_dtype
-    w, a = weight_dtype.itemsize, act_dtype.itemsize
-    dtype_name = str(weight_dtype).removeprefix("torch.")
 
     blocks = stored or QuantizedWeights()
     if quantize is not None and not blocks:
@@ -248,99 +136,29 @@ def estimate_memory(
         run_quantized = resolve_quantized_compute(quantized, dev, probe=False) == "kernel"
     else:
         run_quantized = False
+    weights, described = weight_bytes(shape, dev, weight_dtype, blocks, run_quantized=run_quantized)
 
-    if run_quantized:
-        weights, held = _quantized_weight_bytes(shape, blocks, dev, weight_dtype)
-        kernel = "kernel" if dev.type == "cpu" else "triton"
-        described = f"{held} ({kernel})"
-    else:
-        weights = (
-            shape.matmul_params + shape.embedding_params + shape.lm_head_params + shape.bias_params
-        ) * w
-        if dev.type == "cpu" and cpu_packs_weights(weight_dtype):
-            # engine/model/linear.py keeps the plain weight and oneDNN's blocked copy;
-            # a tied lm_head packs the embedding.
-            weights += (shape.matmul_params + (shape.lm_head_params or shape.embedding_params)) * w
-        described = f"{dtype_name} (dequantized from {'+'.join(blocks.formats)})" if blocks else ""
-    weights += shape.norm_params * a
-
-    per_page = 2 * shape.num_layers * page_size * shape.num_kv_heads * shape.head_dim * a
-    pages_for_context = -(-shape.max_context // page_size)
-    cap = pages_for_context * KV_CAP_SEQUENCES
-    adaptive = False
-    overhead = 0
-    if kv_cache_mb is not None:
-        budget = kv_cache_mb * MIB
-    elif dev.type == "cpu":
-        budget = CPU_DEFAULT_KV_BYTES
-    else:
-        adaptive = True
-        budget = pages_for_context * per_page
-    if dev.type == "cuda":
-        overhead = DESKTOP_RESERVE_BYTES + RUNTIME_EXTRA_BYTES
-    pages = max(1, min(budget // per_page, cap))
+    context = shape.max_context if max_context is None else min(max_context, shape.max_context)
+    per_page = kv_bytes_per_page(
+        shape.num_layers, shape.num_kv_heads, shape.head_dim, page_size, activation_dtype(dev, weight_dtype)
+    )
+    budget = default_kv_budget(dev, None if kv_cache_mb is None else kv_cache_mb * MIB)
+    adaptive = budget is None
+    if budget is None:
+        # The engine measures what is free once loaded; the least it needs
+        # is one conversation at full context.
+        budget = sequence_pages(context, page_size) * per_page
+    pages = default_kv_pages(budget, per_page, context, page_size)
     return MemoryEstimate(
         weights_bytes=weights,
         kv_bytes=pages * per_page,
-        overhead_bytes=overhead,
+        overhead_bytes=DESKTOP_RESERVE_BYTES + RUNTIME_EXTRA_BYTES if dev.type == "cuda" else 0,
         device=str(dev),
-        dtype=dtype_name,
+        dtype=str(weight_dtype).removeprefix("torch."),
         kv_adaptive=adaptive,
         kv_grows=dev.type == "cpu",
         weights=described,
     )
-
-
-def _quantized_weight_bytes(
-    shape: ModelShape, blocks: QuantizedWeights, device: torch.device, dtype: torch.dtype
-) -> tuple[int, str]:
-    """Bytes of the weights (norms apart) of a model whose blocks run
-    quantized, and what they are held as ("q4_1+q8_0", with the float dtype
-    of any float matrix beside them, as engine/formats/loader.py describe_weights).
-
-    engine/formats/loader.py keeps one copy of each quantized weight (a tied LM head
-    multiplies by the embedding's own blocks), float matrices as Linear
-    (packed a second time on the CPU where oneDNN does), and a quantized
-    product's bias in float32 on the CPU (engine.model.quant.QuantLinear).
-    """
-    w = dtype.itemsize
-    packs = device.type == "cpu" and cpu_packs_weights(dtype)
-    kinds = set(blocks.formats)
-    quantized_params = sum(params for _, params in blocks.matmul)
-    float_matmul = shape.matmul_params - quantized_params
-    total = sum(quantized_bytes(fmt, params) for fmt, params in blocks.matmul)
-    total += float_matmul * w * (2 if packs else 1)
-    if blocks.embedding:
-        total += quantized_bytes(blocks.embedding, shape.embedding_params)
-    else:
-        total += shape.embedding_params * w
-    if shape.lm_head_params:
-        if blocks.lm_head:
-            total += quantized_bytes(blocks.lm_head, shape.lm_head_params)
-        else:
-            total += shape.lm_head_params * w * (2 if packs else 1)
-    elif not blocks.embedding and packs:
-        total += shape.embedding_params * w  # the tied head packs the float embedding
-    bias_size = 4 if device.type == "cpu" and quantized_params else w
-    total += shape.bias_params * bias_size
-    has_float_matrix = float_matmul > 0 or (shape.lm_head_params and not blocks.lm_head) or (
-        not shape.lm_head_params and not blocks.embedding
-    )
-    if has_float_matrix:
-        kinds.add(str(dtype).removeprefix("torch."))
-    return total, "+".join(sorted(kinds))
-
-
-def cpu_packs_weights(dtype: torch.dtype) -> bool:
-    """Whether engine/model/linear.py keeps a oneDNN-packed copy of CPU weights of this dtype.
-
-    It decides with a one-off self-check of the private oneDNN op (bf16
-    packing, for one, needs AVX512-BW/VL/DQ or AVX-NE-CONVERT), so ask it
-    rather than guess; the answer is cached there.
-    """
-    from engine.model.linear import cpu_weight_packing
-
-    return cpu_weight_packing(dtype)
 
 
 # ---------------------------------------------------------------------------

@@ -20,7 +20,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import TextIO
 
-from app.store.chat_store import ChatStore, ConversationSummary, default_path
+from app.store.chat_store import ChatStore
+from app.store.connection import default_path
+from app.store.records import ConversationSummary
 from app.errors import AppError
 from app.files import write_text_atomically
 

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from app.store.chat_store import params_from_dict, params_to_dict, stats_from_dict, stats_to_dict
+from app.store.records import params_from_dict, params_to_dict, stats_from_dict, stats_to_dict
 from app.errors import AppError
 
 if TYPE_CHECKING:
@@ -37,7 +37,6 @@ FORMAT_VERSION = 1
 
 _ROLES = ("system", "user", "assistant", "notice")
 _STATES = ("complete", "streaming", "stopped", "interrupted", "error")
-_POLICIES = ("stop", "drop_oldest")
 
 
 class ChatImportError(AppError):
@@ -81,7 +80,7 @@ def _message_json(message: Message) -> dict[str, Any]:
 
 def from_json(data: object) -> Conversation:
     """A new conversation (with a new id) from `to_json`'s output. Raises ChatImportError."""
-    from app.workspace.conversation import Conversation, Message
+    from app.workspace.conversation import CONTEXT_POLICIES, Conversation, Message
 
     top = _object(data, "The file")
     if top.get("format") != FORMAT:
@@ -103,9 +102,9 @@ def from_json(data: object) -> Conversation:
     if not model_id:
         raise ChatImportError("The conversation's \"model_id\" is empty.")
     policy = _string(conv, "context_policy", where)
-    if policy not in _POLICIES:
+    if policy not in CONTEXT_POLICIES:
         raise ChatImportError(
-            f"The conversation's \"context_policy\" must be one of {', '.join(_POLICIES)}, not {policy!r}."
+            f"The conversation's \"context_policy\" must be one of {', '.join(CONTEXT_POLICIES)}, not {policy!r}."
         )
     params = _params(conv.get("params"), where)
     if params is None:

@@ -26,7 +26,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from app import events as ev
-from app.store.chat_store import PaneLayout, StoreError
+from app.store.errors import StoreError
+from app.store.records import PaneLayout
 from app.store.writer import StoreWriter
 
 if TYPE_CHECKING:

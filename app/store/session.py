@@ -20,7 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from app.store.recorder import ChatRecorder, post_errors
-from app.store.chat_store import ChatStore, StoreError, UnknownConversationError
+from app.store.chat_store import ChatStore
+from app.store.errors import StoreError, UnknownConversationError
 from app.workspace.conversation import Conversation
 from app.remote.remote_pane import RemoteBackend
 from app.store.writer import StoreWriter

@@ -23,16 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from app.store.chat_store import (
-    ChatStore,
-    HeaderRecord,
-    MessageRecord,
-    PaneLayout,
-    StoreError,
-    header_record,
-    message_record,
-    message_records,
-)
+from app.store.chat_store import ChatStore
+from app.store.errors import StoreError
+from app.store.records import HeaderRecord, MessageRecord, PaneLayout, header_record, message_record, message_records
 
 if TYPE_CHECKING:
     from app.workspace.conversation import Conversation

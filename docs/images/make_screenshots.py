@@ -8,10 +8,17 @@ from a reply, its next turn served from the cache), compare.png (word-level
 differences).
 Uses a temporary config folder and chat store; the user's settings and
 chats are not touched.
+
+    ... make_screenshots.py --layout-check --size 1024x700 --panes 4 --out /tmp/shots
+
+writes only window.png (the main window after a short reply in each pane)
+and model-manager.png (Models > Manage models over it), to check at a
+small size that nothing is cut off. `--help` lists the options.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
 import os
@@ -22,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ["TANDEM_CONFIG_DIR"] = tempfile.mkdtemp(prefix="tandem-shots-")
+os.environ.setdefault("TANDEM_DATA_DIR", tempfile.mkdtemp(prefix="tandem-shots-data-"))
 
 HERE = Path(__file__).resolve().parent
 QUESTION = "What is a prefix cache in an LLM server? Answer briefly, then show a tiny Python example."
@@ -36,9 +44,30 @@ async def until(predicate, timeout: float = 900.0) -> None:  # type: ignore[no-u
         await asyncio.sleep(0.1)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Screenshots of the real app on the default model.")
+    parser.add_argument("--out", type=Path, default=HERE, help="the folder to write into (default: next to this file)")
+    parser.add_argument("--size", default="1440x860", help="the window's size, WIDTHxHEIGHT (default: 1440x860)")
+    parser.add_argument("--panes", type=int, default=3, help="how many panes (default: 3)")
+    parser.add_argument("--layout-check", action="store_true",
+                        help="only window.png and model-manager.png, to check a size's layout")
+    args = parser.parse_args(argv)
+    try:
+        args.width, args.height = (int(n) for n in args.size.lower().split("x"))
+    except ValueError:
+        parser.error(f"--size must be WIDTHxHEIGHT, e.g. 1024x700, not {args.size!r}")
+    if not 1 <= args.panes <= 12:
+        parser.error("--panes must be from 1 to 12")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+
     from ui.event_loop import TandemEventLoop
-    from PySide6.QtWidgets import QApplication
+    from PySide6.QtWidgets import QApplication, QWidget
 
     from app.models.registry import ModelRegistry
     from app.store.session import ChatSession
@@ -54,24 +83,36 @@ def main() -> None:
     loop = TandemEventLoop(app)
     asyncio.set_event_loop(loop)
     settings = Settings()
-    settings.default_params = dataclasses.replace(SamplingParams(), max_tokens=120)
+    settings.default_params = dataclasses.replace(SamplingParams(), max_tokens=40 if args.layout_check else 120)
     workspace = Workspace(settings)
     scratch = Path(os.environ["TANDEM_CONFIG_DIR"])
     session = ChatSession.open(scratch / "chats.sqlite3")
-    panes = session.restore(workspace, default_panes=3)
+    panes = session.restore(workspace, default_panes=args.panes)
     registry = ModelRegistry(scratch / "models.json")
     window = MainWindow(workspace, settings, version=version(), save_settings=False, session=session,
                         registry=registry)
-    window.resize(1440, 860)
+    window.resize(args.width, args.height)
 
-    async def grab(name: str) -> None:
-        window._flush_panes()
+    async def grab(name: str, widget: QWidget | None = None) -> None:
+        window.flush_panes()
         window.refresh_status()
         # Let layouts settle through the loop (processEvents here would run
         # asyncio callbacks inside this task).
         await asyncio.sleep(0.3)
-        window.grab().save(str(HERE / name), "PNG")
-        print("wrote", HERE / name)
+        (widget or window).grab().save(str(out / name), "PNG")
+        print("wrote", out / name)
+
+    async def layout_check() -> None:
+        window.composer.edit.setPlainText(QUESTION)
+        window.composer.send_button.click()
+        await until(lambda: all(len(p.conversation.messages) == 2 for p in panes))
+        await until(lambda: not any(p.busy for p in panes))
+        await grab("window.png")
+        window.models.open_manager()
+        manager = window.models.manager
+        assert manager is not None
+        await grab("model-manager.png", manager)
+        manager.close()
 
     async def scenario() -> None:
         window.show()
@@ -79,6 +120,10 @@ def main() -> None:
         await until(lambda: workspace.engine_state in ("ready", "error"))
         if workspace.engine_state != "ready":
             raise SystemExit(f"model failed to load: {workspace.load_error}")
+        if args.layout_check:
+            await layout_check()
+            await close()
+            return
         variants = [
             dict(temperature=0.0),
             dict(temperature=0.8, seed=7),
@@ -110,15 +155,16 @@ def main() -> None:
         window.composer.send_button.click()
         await until(lambda: len(fork.conversation.messages) == 4 and not fork.busy)
         await grab("fork.png")
-        window._close_pane_now(fork.id)
+        window.close_pane_now(fork.id)
 
         window.compare_bar.set_chosen(panes[0].id, panes[1].id)
         window.compare_action.setChecked(True)
         window.refresh_compare()
         await grab("compare.png")
         window.compare_action.setChecked(False)
+        await close()
 
-
+    async def close() -> None:
         closed = asyncio.Event()
         window.closed.connect(closed.set)
         window.close()

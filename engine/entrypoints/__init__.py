@@ -1,1 +1,3 @@
-"""engine/entrypoints."""
+"""What runs the engine from outside Python: the command line (cli/) and the OpenAI-compatible
+HTTP server (openai/).
+"""

@@ -1,1 +1,7 @@
-"""engine/formats."""
+"""engine/formats: reading model files.
+
+safetensors.py (weight files, headers, tensors), gguf/ (reader, tables,
+tokenizer, importer), loader.py (a checkpoint folder into a LlamaModel),
+weight_memory.py (what the loaded weights take), staged_folder.py (folders
+written complete or not at all), default_model.py (the built-in model).
+"""

@@ -27,27 +27,34 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
-import os
-import secrets
 import shutil
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import BinaryIO
 
 import torch
-from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from engine.errors import FolderWriteError, ModelLoadError
+from engine.formats.safetensors import count_tensors, read_tensors, weight_files
+from engine.formats.staged_folder import (
+    MARKER_NAME,
+    fsync_dir,
+    is_current,
+    publish,
+    staging_path,
+    write_json,
+)
 from engine.model.config import ModelConfig
-from engine.errors import ModelLoadError, PickleCheckpointError
+from engine.config import QUANTIZE_MODES, QUANTIZED_COMPUTE
 from engine.model.linear import Linear
 from engine.model.llama import LayerWeights, LlamaModel, Product
 from engine.progress import LoadReporter, ProgressCallback, as_reporter
 from engine.model.quant import (
     FOLDER_FORMAT_VERSION,
     GROUP_SIZE,
+    QUANTIZE_FORMATS,
+    QUANTIZED_TABLE_FORMAT,
     ConcatLinear,
     QuantizedTensor,
     QuantLinear,
@@ -61,13 +68,14 @@ from engine.model.quant import (
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-QUANTIZED_COMPUTE = ("auto", "kernel", "dequantize")
-# --quantize choice -> the format of the layers' matrices.
-QUANTIZE_MODES = {"int8": "q8_0", "int4": "q4_1"}
+EMBEDDING_NAME = "model.embed_tokens.weight"
+LM_HEAD_NAME = "lm_head.weight"
 _QUANTIZED_LAYER_WEIGHTS = (
     "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
     "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
 )
+# Rotary inverse-frequency buffers saved by old exports carry no information.
+IGNORED_WEIGHT_SUFFIX = "rotary_emb.inv_freq"
 # Bump when quantized copies of the same source change.
 _QUANTIZED_COPY_VERSION = 1
 
@@ -108,117 +116,44 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     return DTYPES[dtype]
 
 
-def _safetensors_files(folder: Path) -> list[Path]:
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ModelLoadError(f"{index} is not a valid safetensors index: {exc}") from exc
-        files = sorted({folder / name for name in weight_map.values()})
-        missing = [f.name for f in files if not f.is_file()]
-        if missing:
-            raise ModelLoadError(
-                f"{folder} is incomplete: shard(s) {', '.join(missing)} named in "
-                f"{index.name} are missing"
-            )
-        return files
-    files = sorted(folder.glob("*.safetensors"))
-    if files:
-        return files
-    pickles = sorted(
-        p.name for pattern in ("*.bin", "*.pt", "*.pth", "*.ckpt") for p in folder.glob(pattern)
-    )
-    if pickles:
-        raise PickleCheckpointError(
-            f"{folder} only has pickle checkpoints ({', '.join(pickles)}). Tandem does not "
-            "load them because unpickling can run arbitrary code; convert the model to "
-            "safetensors or use a GGUF file"
-        )
-    raise ModelLoadError(
-        f"{folder} has no weights: a model folder needs model.safetensors (or the "
-        "*.safetensors shards of model.safetensors.index.json) next to its config.json"
-    )
+def is_model_weight(name: str) -> bool:
+    """Whether the loader takes a stored tensor: anything else in the files
+    (an exporter's extras) is skipped unread."""
+    return name.startswith(("model.", LM_HEAD_NAME))
 
 
-# Safetensors dtype names -> torch dtypes (the ones checkpoints hold).
-_SAFETENSORS_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-    "U8": torch.uint8, "BOOL": torch.bool,
-}
-
-
-def _iter_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor of the files, each read into memory of its own.
-
-    Read, not mapped: safetensors' tensors are views of the file's mapping,
-    which then stays mapped while any of them lives, and every page read
-    through it counts as resident. The weights stacked at load (q/k/v,
-    gate/up) are copies, so their parts' pages would stay resident beside
-    them: measured on a 1.1B Q4_0 model, 555 MiB of the 591 MiB file
-    mapped on top of 385 MiB of stacked copies.
-    """
-    for path in files:
-        try:
-            yield from _read_safetensors(path)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ModelLoadError(f"{path} is not a readable safetensors file: {exc}") from exc
-
-
-def _read_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    with open(path, "rb", buffering=0) as handle:
-        size = os.fstat(handle.fileno()).st_size
-        header_len = int.from_bytes(_read_exactly(handle, 8), "little")
-        if header_len > size - 8:
-            raise ValueError(f"header of {header_len} bytes in a file of {size}")
-        header = json.loads(_read_exactly(handle, header_len))
-        start = 8 + header_len
-        entries = sorted(
-            ((name, entry) for name, entry in header.items() if name != "__metadata__"),
-            key=lambda item: item[1]["data_offsets"][0],
-        )
-        for name, entry in entries:
-            dtype = _SAFETENSORS_DTYPES.get(entry["dtype"])
-            if dtype is None:
-                raise ValueError(f"tensor {name!r} has the unsupported dtype {entry['dtype']!r}")
-            shape = [int(dim) for dim in entry["shape"]]
-            begin, end = (int(offset) for offset in entry["data_offsets"])
-            nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-            if end - begin != nbytes or begin < 0 or start + end > size:
-                raise ValueError(f"tensor {name!r}: offsets {begin}..{end} do not hold {shape} {entry['dtype']}")
-            buffer = torch.empty(nbytes, dtype=torch.uint8)
-            handle.seek(start + begin)
-            _read_into(handle, memoryview(buffer.numpy()))
-            yield name, buffer.view(dtype).reshape(shape)
-
-
-def _read_exactly(handle: BinaryIO, count: int) -> bytes:
-    data = handle.read(count)
-    if len(data) != count:
-        raise ValueError("the file ends early")
-    return data
-
-
-def _read_into(handle: BinaryIO, view: memoryview) -> None:
-    done = 0
-    while done < len(view):
-        got = handle.readinto(view[done:])
-        if not got:
-            raise ValueError("the file ends early")
-        done += got
-
-
-def _count_tensors(files: list[Path]) -> int:
-    """How many tensors the files hold (reads only their headers)."""
-    count = 0
-    for path in files:
-        try:
-            with safe_open(str(path), framework="pt", device="cpu") as handle:
-                count += len(handle.keys())
-        except (SafetensorError, OSError, ValueError) as exc:
-            raise ModelLoadError(f"{path} is not a readable safetensors file: {exc}") from exc
-    return count
+def expected_weights(c: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """name -> shape of every weight the loader takes for this config, a
+    separate LM head included when the embeddings are not tied (a folder
+    whose weights differ is refused)."""
+    hidden, inter, d = c.hidden_size, c.intermediate_size, c.head_dim
+    q_out, kv_out = c.num_attention_heads * d, c.num_key_value_heads * d
+    expected: dict[str, tuple[int, ...]] = {}
+    for i in range(c.num_hidden_layers):
+        p = f"model.layers.{i}."
+        attn, mlp = p + "self_attn.", p + "mlp."
+        expected |= {
+            p + "input_layernorm.weight": (hidden,),
+            p + "post_attention_layernorm.weight": (hidden,),
+            attn + "q_proj.weight": (q_out, hidden),
+            attn + "k_proj.weight": (kv_out, hidden),
+            attn + "v_proj.weight": (kv_out, hidden),
+            attn + "o_proj.weight": (hidden, q_out),
+            mlp + "gate_proj.weight": (inter, hidden),
+            mlp + "up_proj.weight": (inter, hidden),
+            mlp + "down_proj.weight": (hidden, inter),
+        }
+        if c.qkv_bias:
+            expected |= {attn + "q_proj.bias": (q_out,), attn + "k_proj.bias": (kv_out,), attn + "v_proj.bias": (kv_out,)}
+        if c.o_bias:
+            expected[attn + "o_proj.bias"] = (hidden,)
+        if c.mlp_bias:
+            expected |= {mlp + "gate_proj.bias": (inter,), mlp + "up_proj.bias": (inter,), mlp + "down_proj.bias": (hidden,)}
+    expected[EMBEDDING_NAME] = (c.vocab_size, hidden)
+    expected["model.norm.weight"] = (hidden,)
+    if not c.tie_word_embeddings:
+        expected[LM_HEAD_NAME] = (c.vocab_size, hidden)
+    return expected
 
 
 def quantized_formats(folder: Path) -> dict[str, str]:
@@ -342,17 +277,18 @@ def load_model(
     compute = resolve_quantized_compute(quantized, dev, quantize is not None) if formats else "dequantize"
     quant_linear = _quant_linear(dev) if compute == "kernel" else None
 
-    files = _safetensors_files(folder)
-    total = _count_tensors(files) + config.num_hidden_layers + 1
+    files = weight_files(folder)
+    total = count_tensors(files) + config.num_hidden_layers + 1
     detail = (
         f"Loading the weights of {folder.name} onto {dev.type} as "
         f"{str(dt).removeprefix('torch.')}"
     )
     done = 0
     reporter.report("weights", done, total, detail)
+    expected = expected_weights(config)
     tensors: dict[str, torch.Tensor] = {}
-    for name, tensor in _iter_tensors(files):
-        if name.startswith(("model.", "lm_head.weight")):
+    for name, tensor in read_tensors(files):
+        if is_model_weight(name):
             tensors[name] = tensor
         done += 1
         reporter.report("weights", done, total, detail)
@@ -363,9 +299,10 @@ def load_model(
         except KeyError:
             raise ModelLoadError(f"{folder}: weight '{name}' is missing") from None
 
-    def take_weight(name: str, shape: tuple[int, ...]) -> torch.Tensor | QuantizedTensor:
+    def take_weight(name: str) -> torch.Tensor | QuantizedTensor:
         """A weight as stored: a float tensor on the device in `dt`, or a
         quantized one left on the CPU for `product` to pack."""
+        shape = expected[name]
         fmt = formats.get(name)
         if fmt is None:
             tensor = pop(name)
@@ -387,15 +324,15 @@ def load_model(
             )
         return weight
 
-    def take(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    def take(name: str) -> torch.Tensor:
         """A float weight (norms, biases; quantized ones are dequantized)."""
-        weight = take_weight(name, shape)
+        weight = take_weight(name)
         if isinstance(weight, QuantizedTensor):
             return weight.dequantize(dt).to(dev)
         return weight
 
-    def take_optional(name: str, shape: tuple[int, ...], present: bool) -> torch.Tensor | None:
-        return take(name, shape) if present else None
+    def take_optional(name: str, present: bool) -> torch.Tensor | None:
+        return take(name) if present else None
 
     def product(
         weights: Sequence[torch.Tensor | QuantizedTensor], biases: Sequence[torch.Tensor] | None = None
@@ -426,57 +363,55 @@ def load_model(
         return ConcatLinear(parts)
 
     c = config
-    hidden, inter, d = c.hidden_size, c.intermediate_size, c.head_dim
-    q_out, kv_out = c.num_attention_heads * d, c.num_key_value_heads * d
     layers = []
     for i in range(c.num_hidden_layers):
         p = f"model.layers.{i}."
         attn, mlp = p + "self_attn.", p + "mlp."
         qkv = [
-            take_weight(attn + "q_proj.weight", (q_out, hidden)),
-            take_weight(attn + "k_proj.weight", (kv_out, hidden)),
-            take_weight(attn + "v_proj.weight", (kv_out, hidden)),
+            take_weight(attn + "q_proj.weight"),
+            take_weight(attn + "k_proj.weight"),
+            take_weight(attn + "v_proj.weight"),
         ]
         qkv_bias = None
         if c.qkv_bias:
             qkv_bias = [
-                take(attn + "q_proj.bias", (q_out,)),
-                take(attn + "k_proj.bias", (kv_out,)),
-                take(attn + "v_proj.bias", (kv_out,)),
+                take(attn + "q_proj.bias"),
+                take(attn + "k_proj.bias"),
+                take(attn + "v_proj.bias"),
             ]
         gate_up = [
-            take_weight(mlp + "gate_proj.weight", (inter, hidden)),
-            take_weight(mlp + "up_proj.weight", (inter, hidden)),
+            take_weight(mlp + "gate_proj.weight"),
+            take_weight(mlp + "up_proj.weight"),
         ]
         gate_up_bias = None
         if c.mlp_bias:
-            gate_up_bias = [take(mlp + "gate_proj.bias", (inter,)), take(mlp + "up_proj.bias", (inter,))]
-        o_bias = take_optional(attn + "o_proj.bias", (hidden,), c.o_bias)
-        down_bias = take_optional(mlp + "down_proj.bias", (hidden,), c.mlp_bias)
+            gate_up_bias = [take(mlp + "gate_proj.bias"), take(mlp + "up_proj.bias")]
+        o_bias = take_optional(attn + "o_proj.bias", c.o_bias)
+        down_bias = take_optional(mlp + "down_proj.bias", c.mlp_bias)
         layers.append(
             LayerWeights(
-                input_norm=take(p + "input_layernorm.weight", (hidden,)),
+                input_norm=take(p + "input_layernorm.weight"),
                 qkv=product(qkv, qkv_bias),
-                o=product([take_weight(attn + "o_proj.weight", (hidden, q_out))], None if o_bias is None else [o_bias]),
-                post_norm=take(p + "post_attention_layernorm.weight", (hidden,)),
+                o=product([take_weight(attn + "o_proj.weight")], None if o_bias is None else [o_bias]),
+                post_norm=take(p + "post_attention_layernorm.weight"),
                 gate_up=product(gate_up, gate_up_bias),
                 down=product(
-                    [take_weight(mlp + "down_proj.weight", (hidden, inter))],
+                    [take_weight(mlp + "down_proj.weight")],
                     None if down_bias is None else [down_bias],
                 ),
             )
         )
         done += 1
         reporter.report("weights", done, total, detail)
-    embed = take_weight("model.embed_tokens.weight", (c.vocab_size, hidden))
+    embed = take_weight("model.embed_tokens.weight")
     if compute == "dequantize":
         embed = _as_float(embed, dt, dev)
     elif isinstance(embed, QuantizedTensor):
         embed = _on_device(embed, dev)
-    norm = take("model.norm.weight", (hidden,))
+    norm = take("model.norm.weight")
     head_stored = "lm_head.weight" in tensors or "lm_head.weight.qdata" in tensors
     if head_stored and not c.tie_word_embeddings:
-        lm_head = product([take_weight("lm_head.weight", (c.vocab_size, hidden))])
+        lm_head = product([take_weight(LM_HEAD_NAME)])
     elif c.tie_word_embeddings:
         for suffix in ("", ".qdata", ".scales", ".mins"):
             tensors.pop("lm_head.weight" + suffix, None)
@@ -488,8 +423,7 @@ def load_model(
             embed = head_weight
     else:
         raise ModelLoadError(f"{folder}: weight 'lm_head.weight' is missing")
-    # Rotary inverse-frequency buffers saved by old exports carry no information.
-    leftovers = sorted(n for n in tensors if not n.endswith("rotary_emb.inv_freq"))
+    leftovers = sorted(n for n in tensors if not n.endswith(IGNORED_WEIGHT_SUFFIX))
     if leftovers:
         raise ModelLoadError(
             f"{folder}: unexpected weights {', '.join(leftovers[:5])}"
@@ -545,7 +479,7 @@ def read_weights(folder: str | Path) -> dict[str, torch.Tensor]:
     whatever format it stores it in. For tools and tests, not the engine."""
     folder = Path(folder)
     formats = quantized_formats(folder)
-    stored = dict(_iter_tensors(_safetensors_files(folder)))
+    stored = dict(read_tensors(weight_files(folder)))
     out: dict[str, torch.Tensor] = {}
     for name, fmt in formats.items():
         parts = [stored.pop(name + suffix) for suffix in (".qdata", ".scales")]
@@ -590,18 +524,10 @@ def quantized_copy(
     from engine.formats.default_model import (
         models_dir,  # data folder helpers (import late: no cycle)
     )
-    from engine.formats.gguf.importer import (
-        MARKER_NAME,
-        _fsync_dir,
-        _is_current_import,
-        _publish,
-        _write_json,
-    )
-
     reporter = as_reporter(on_progress, None)
     source = Path(folder).resolve()
-    fmt = QUANTIZE_MODES[mode]
-    files = _safetensors_files(source)
+    fmt = QUANTIZE_FORMATS[mode]
+    files = weight_files(source)
     stamp = {
         "quantized_copy_version": _QUANTIZED_COPY_VERSION,
         "mode": mode,
@@ -611,19 +537,19 @@ def quantized_copy(
     digest = hashlib.sha256(str(source).encode()).hexdigest()[:10]
     dest = Path(cache_dir) if cache_dir is not None else models_dir()
     dest = dest / f"{source.name}-{mode}-{digest}"
-    if _is_current_import(dest, stamp):
+    if is_current(dest, stamp):
         return dest
 
     config = ModelConfig.from_folder(source)
     raw_config = json.loads((source / "config.json").read_text(encoding="utf-8"))
     layers = {f"model.layers.{i}.{name}" for i in range(config.num_hidden_layers) for name in _QUANTIZED_LAYER_WEIGHTS}
-    total = _count_tensors(files)
+    total = count_tensors(files)
     detail = f"Quantizing {source.name} to {mode}; this happens once"
     reporter.report("import", 0, total, detail)
     out: dict[str, torch.Tensor] = {}
     kept: dict[str, str] = {}
-    for done, (name, tensor) in enumerate(_iter_tensors(files), 1):
-        target = fmt if name in layers else "q8_0" if name in ("model.embed_tokens.weight", "lm_head.weight") else None
+    for done, (name, tensor) in enumerate(read_tensors(files), 1):
+        target = fmt if name in layers else QUANTIZED_TABLE_FORMAT if name in (EMBEDDING_NAME, LM_HEAD_NAME) else None
         if target is not None and tensor.ndim == 2 and tensor.shape[1] % GROUP_SIZE == 0:
             q = quantize_weight(tensor, target)
             out[name + ".qdata"], out[name + ".scales"] = q.data, q.scales
@@ -642,7 +568,7 @@ def quantized_copy(
         "tensors": kept,
     }
 
-    staging = dest.parent / f".{dest.name}.partial-{secrets.token_hex(6)}"
+    staging = staging_path(dest)
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         staging.mkdir()
@@ -652,12 +578,14 @@ def quantized_copy(
                 "config.json", "model.safetensors.index.json", MARKER_NAME,
             ):
                 shutil.copyfile(entry, staging / entry.name)
-        _write_json(staging / "config.json", raw_config)
+        write_json(staging / "config.json", raw_config)
         save_file(out, str(staging / "model.safetensors"), metadata={"format": "pt"})
-        _write_json(staging / MARKER_NAME, stamp)
-        _fsync_dir(staging)
-        return _publish(staging, dest, stamp)
+        write_json(staging / MARKER_NAME, stamp)
+        fsync_dir(staging)
+        return publish(staging, dest, stamp)
     except OSError as exc:
-        raise ModelLoadError(f"Could not write the quantized copy of {source.name} to {dest.parent}: {exc}") from exc
+        raise FolderWriteError(
+            f"Could not write the quantized copy of {source.name} to {dest.parent}: {exc}"
+        ) from exc
     finally:
         shutil.rmtree(staging, ignore_errors=True)

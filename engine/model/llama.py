@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels import native
-from engine.model.attention import AttentionMetadata, KVCache, paged_attention, prefill_attention
+from engine.model.attention import AttentionMetadata, paged_attention, prefill_attention
+from engine.model.kv_cache import KVCache
 from engine.model.config import ModelConfig, rope_inverse_frequencies
 from engine.model.linear import Linear
 from engine.runner.memory import activation_dtype

@@ -13,15 +13,13 @@ import time
 
 import torch
 
-from engine.model.attention import KEY_BLOCK, QUERY_TILE, AttentionMetadata, KVCache, PrefillChunk
+from engine.model.attention import KEY_BLOCK, QUERY_TILE, AttentionMetadata, PrefillChunk
+from engine.model.kv_cache import KVCache
 from engine.runner.threads import ThreadPolicy
 from engine.model.llama import LlamaModel
 from engine.model.sampler import sample
 from engine.core.scheduler import ScheduledChunk, ScheduleResult
 
-# What Engine(deterministic=None) means. Off: batch invariance costs more than
-# the 10% the project allows for a default (docs/benchmarks.md).
-DETERMINISTIC_DEFAULT = False
 
 
 class ModelRunner:
@@ -212,7 +210,7 @@ def highest_page_written(step: ScheduleResult, page_size: int) -> int:
 
     Every page a step reads was written by it or by an earlier step, or is
     page 0 (the padding of shorter decodes), so committing through this page
-    before the step makes all that it reads safe (engine.model.attention.KVCache).
+    before the step makes all that it reads safe (engine.model.kv_cache.KVCache).
     """
     highest = -1
     for chunk in step.chunks:

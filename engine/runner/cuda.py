@@ -18,7 +18,7 @@ import os
 
 import torch
 
-from engine.model.attention import KVCache
+from engine.model.kv_cache import KVCache
 from engine.runner.cuda_graphs import (
     CaptureBudget,
     DecodeGraphs,

@@ -41,7 +41,7 @@ def kernel_paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    cache,  # engine.model.attention.KVCache (not imported: engine.model.attention imports this module)
+    cache,  # engine.model.kv_cache.KVCache
     meta: KernelAttentionMetadata,
     scale: float,
 ) -> torch.Tensor:

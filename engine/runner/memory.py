@@ -1,10 +1,13 @@
 """Every sizing rule of the engine: a KV page's bytes, the default pool, and
 how much GPU memory the KV cache gets.
 
-`kv_bytes_per_page`, `activation_dtype` and `default_kv_pages` are the one
+`kv_bytes_per_page`, `activation_dtype`, `default_kv_budget`,
+`default_kv_pages` (with `kv_page_cap` and `sequence_pages`) are the one
 place these rules are written: the engine sizes its pool with them at load
 and app.models.memory_estimate predicts a model's memory with them, so the
-estimate and the allocation cannot drift apart.
+estimate and the allocation cannot drift apart. A context capped below the
+model's trained one (`max_context`) caps the pool with it. The weights' side
+of an estimate is engine/formats/weight_memory.py.
 
 The pool takes what is free once the weights are loaded, less the peak of a
 forward pass's activations (measured, not guessed: it depends on the model,
@@ -57,9 +60,22 @@ def kv_bytes_per_page(
     return 2 * num_layers * page_size * num_kv_heads * head_dim * dtype.itemsize
 
 
+def sequence_pages(max_context: int, page_size: int) -> int:
+    """Pages one sequence at full context fills (a partial last page counts)."""
+    return -(-max_context // page_size)
+
+
 def kv_page_cap(max_context: int, page_size: int) -> int:
     """The most pages a pool gets: KV_CAP_SEQUENCES sequences at full context."""
-    return -(-max_context // page_size) * KV_CAP_SEQUENCES
+    return sequence_pages(max_context, page_size) * KV_CAP_SEQUENCES
+
+
+def default_kv_budget(device: torch.device, kv_cache_bytes: int | None) -> int | None:
+    """The KV pool's budget: the one given, else CPU_DEFAULT_KV_BYTES on the
+    CPU; None on CUDA, where `cuda_kv_cache_bytes` measures it after loading."""
+    if kv_cache_bytes is not None:
+        return kv_cache_bytes
+    return CPU_DEFAULT_KV_BYTES if device.type == "cpu" else None
 
 
 def default_kv_pages(budget_bytes: int, per_page: int, max_context: int, page_size: int) -> int:

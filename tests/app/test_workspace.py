@@ -256,6 +256,49 @@ def test_refusals_leave_every_pane_unchanged(tiny_engine: Engine) -> None:
     assert not recorder.of(MessageAppended)
 
 
+def test_drop_oldest_leaves_old_turns_out_and_marks_the_cut(tiny_engine: Engine) -> None:
+    """A pane whose conversation outgrew the context: "stop" refuses the turn,
+    "drop_oldest" sends only the newest turns and puts a notice where they start."""
+    short = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    workspace, recorder = workspace_with(tiny_engine, [short])
+    pane = workspace.panes[0]
+    conversation = pane.conversation
+
+    async def main() -> None:
+        for text in ("first question " * 20, "second question " * 20):
+            await (await workspace.send(text)).wait()
+        whole = conversation.next_prompt(tiny_engine.tokenizer, user_text="third")
+        newest = tiny_engine.tokenizer.encode_chat(conversation.chat_messages(user_text="third", start=4))
+        # Room for the newest message and its reply, not for the older turns.
+        conversation.context_limit = len(newest) + short.max_tokens
+        assert len(whole) + short.max_tokens > conversation.context_limit
+        with pytest.raises(ContextFullError) as full:
+            await workspace.send("third")
+        assert pane.title in str(full.value)
+        assert len(conversation.messages) == 4  # the refused turn changed nothing
+
+        workspace.set_context_policy(pane.id, "drop_oldest")
+        recorder.events.clear()
+        turn = await workspace.send("third")
+        await turn.wait()
+        assert len(turn.request_ids) == 1
+
+    asyncio.run(main())
+    roles = [m.role for m in conversation.messages]
+    assert roles == ["user", "assistant", "user", "assistant", "notice", "user", "assistant"]
+    notice = conversation.messages[4].text
+    assert notice.startswith("4 earlier messages no longer fit the model's context of ")
+    assert f"{conversation.context_limit:,} tokens" in notice
+    assert conversation.messages[-1].state == "complete"
+    assert conversation.messages[-1].stats is not None
+    assert conversation.messages[-1].stats.prompt_tokens <= conversation.context_limit - short.max_tokens
+    # The view redraws from the notice on, then gets the new message and reply.
+    assert recorder.of(MessagesTruncated)[0].length == 4
+    assert [e.index for e in recorder.of(MessageAppended)] == [4, 5, 6]
+    with pytest.raises(ValueError, match="Unknown context policy"):
+        workspace.set_context_policy(pane.id, "shrink")
+
+
 def test_sending_without_an_engine() -> None:
     workspace = Workspace(Settings())
     workspace.add_pane()
@@ -575,6 +618,49 @@ def test_shutdown_while_loading_cancels_the_load(tiny_model_dir: Path) -> None:
     assert workspace.engine is None
 
 
+def test_the_model_slots_a_window_shows_are_public(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """What the window's banner reads: the models asked for, each one's state,
+    load progress or error, and whether the workspace has shut down."""
+    missing = str(tmp_path / "missing-model")
+    workspace = Workspace(tiny_settings(tiny_model_dir))
+    workspace.add_pane()
+    seen: list[tuple[str, str, Any, Any]] = []
+
+    def on_event(event: Any) -> None:
+        if isinstance(event, EngineStateChanged) and event.state in ("loading", "error"):
+            slot = workspace.model_slot(event.model_id)
+            assert slot is not None
+            seen.append((slot.model_id, slot.state, slot.progress, slot.error))
+
+    workspace.subscribe(on_event)
+    default = workspace.default_model
+    assert workspace.slot_model_ids() == [] and workspace.model_slot(default) is None
+    assert workspace.closed is False
+
+    async def main() -> None:
+        assert await workspace.load_model(default)
+        assert not await workspace.load_model(missing)
+        assert workspace.slot_model_ids() == [default, missing]
+        ready, failed = workspace.model_slot(default), workspace.model_slot(missing)
+        assert ready is not None and ready.state == "ready" and ready.engine is workspace.engine
+        assert failed is not None and failed.state == "error" and failed.engine is None
+        assert failed.error is not None and "missing-model" in failed.error
+        await workspace.unload_model(missing)
+        assert workspace.slot_model_ids() == [default] and workspace.model_slot(missing) is None
+        await workspace.shutdown()
+
+    asyncio.run(main())
+    # Every event found the slot it speaks of, in the state it reports.
+    loading = [s for s in seen if s[1] == "loading"]
+    assert {s[0] for s in loading} == {default, missing}
+    assert any(progress is not None and progress.stage == "weights" for _, _, progress, _ in loading)
+    assert [s[0] for s in seen if s[1] == "error"] == [missing]
+    assert workspace.closed is True
+    assert workspace.slot_model_ids() == [] and workspace.model_state(default) == "closed"
+    with pytest.raises(AttributeError):
+        workspace.closed = False  # type: ignore[misc]
+
+
 # -- quantize at load (the model registry's per-model choice) ------------------------
 
 
@@ -611,10 +697,10 @@ def test_a_models_quantize_choice_is_loaded_and_a_change_applies_at_the_next_loa
         # Changed while loaded: the engine keeps what it was loaded with.
         registry.set_quantize(model_id, None)
         held.append(workspace.stats(model_id).weights)
-        assert workspace.slots[model_id].options == {"quantize": "int4"}
+        assert workspace.model_slot(model_id).options == {"quantize": "int4"}
         assert await workspace.load_model(model_id)
         held.append(workspace.stats(model_id).weights)
-        assert workspace.slots[model_id].options == {}
+        assert workspace.model_slot(model_id).options == {}
         await workspace.shutdown()
 
     asyncio.run(main())

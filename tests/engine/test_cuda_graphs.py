@@ -135,7 +135,7 @@ def test_memory_plan_leaves_room_for_activations_and_the_desktop() -> None:
 def test_cuda_runner_choice_and_its_fallbacks(tmp_path, monkeypatch) -> None:
     from engine.runner import cuda as kernel_runner
     from engine.formats.loader import load_model
-    from engine.runner import ModelRunner
+    from engine.runner.cpu import ModelRunner
     from tests.engine.random_llama import write_random_llama
 
     folder = write_random_llama(
@@ -212,7 +212,7 @@ def test_activation_probe_metadata_is_a_plain_prefill(tmp_path, monkeypatch) -> 
     from engine.runner import cuda as kernel_runner
     from engine.runner import memory
     from engine.formats.loader import load_model
-    from engine.runner import ModelRunner
+    from engine.runner.cpu import ModelRunner
     from engine.core.scheduler import ScheduledChunk, ScheduleResult
     from tests.engine.random_llama import FakeSequence, write_random_llama
 

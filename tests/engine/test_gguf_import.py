@@ -733,7 +733,7 @@ def test_rename_is_the_last_step(tmp_path: Path, tiny_gguf: Path, monkeypatch: p
         written.append({entry.name for entry in staging.iterdir()})
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(gguf_import, "_publish", crash)
+    monkeypatch.setattr(gguf_import, "publish", crash)
     with pytest.raises(KeyboardInterrupt):
         import_gguf(tiny_gguf, tmp_path / "out")
     assert {MARKER_NAME, "model.safetensors", "tokenizer.json", "config.json"} <= written[0]
@@ -802,21 +802,21 @@ def test_folder_without_marker_is_not_replaced(tmp_path: Path, tiny_gguf: Path) 
 def test_losing_a_publish_race_uses_the_winners_folder(
     tmp_path: Path, tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_publish = gguf_import._publish
+    real_publish = gguf_import.publish
 
     def another_process_wins_first(staging: Path, dest: Path, stamp: dict[str, Any]) -> Path:
-        monkeypatch.setattr(gguf_import, "_publish", real_publish)
+        monkeypatch.setattr(gguf_import, "publish", real_publish)
         import_gguf(tiny_gguf, dest)  # the winner, finishing while we were writing
         winner = (dest / MARKER_NAME).stat().st_ino
         assert real_publish(staging, dest, stamp) == dest
         assert (dest / MARKER_NAME).stat().st_ino == winner
         return dest
 
-    monkeypatch.setattr(gguf_import, "_publish", another_process_wins_first)
+    monkeypatch.setattr(gguf_import, "publish", another_process_wins_first)
     dest = tmp_path / "out"
     assert import_gguf(tiny_gguf, dest) == dest
     assert partials(tmp_path) == []
-    assert gguf_import._is_current_import(dest, read_json(dest / MARKER_NAME))
+    assert gguf_import.is_current(dest, read_json(dest / MARKER_NAME))
 
 
 def test_concurrent_imports_agree(tmp_path: Path, tiny_gguf: Path) -> None:

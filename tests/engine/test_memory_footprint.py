@@ -19,7 +19,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from engine.model.attention import KVCache
+from engine.model.kv_cache import KVCache
 from engine.core.page_pool import PagePool
 from engine.llm import Engine
 from engine.formats.gguf.importer import import_gguf
@@ -111,7 +111,7 @@ def test_uncommitted_pool_memory_is_not_resident() -> None:
     # over all of them; the operating system commits whole 4 KiB pages).
     result = run_json(RSS + """
 import json, torch
-from engine.model.attention import KVCache
+from engine.model.kv_cache import KVCache
 from engine.core.page_pool import PagePool
 from engine.runner.cpu import highest_page_written
 from engine.core.scheduler import ScheduledChunk, ScheduleResult

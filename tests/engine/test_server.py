@@ -8,6 +8,7 @@ engine checks the API key.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import signal
@@ -26,7 +27,17 @@ import openai
 import pytest
 
 from engine.llm import Engine
-from engine.entrypoints.openai.server import RunningServer, ServedModels, create_app, model_name_for, serve_in_thread
+from engine.entrypoints.openai import protocol as proto
+from engine.entrypoints.openai.server import (
+    MAX_BODY_BYTES,
+    RunningServer,
+    ServedModels,
+    create_app,
+    model_name_for,
+    serve_in_thread,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 MAX_TOKENS = 6
 
@@ -374,6 +385,12 @@ _MISSING = object()
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools", "unsupported_parameter"),
         ({"model": "gpt-4o"}, 404, "model", "model_not_found"),
         ({"max_tokens": 100_000_000}, 400, "messages", "context_length_exceeded"),
+        # Hostile bodies that once reached the server's 500 handler.
+        (b"[" * 100_000, 400, None, "invalid_json"),  # nested deeper than json.loads recurses
+        (b'{"n": ' + b"1" * 5000 + b"}", 400, None, "invalid_json"),  # beyond Python's int digits
+        ({"messages": [{"role": "user", "content": "\ud800"}]}, 400, None, "invalid_json"),  # no text
+        ({"model": "\udc00"}, 400, None, "invalid_json"),  # would be echoed in the 404
+        ({"repetition_penalty": 1e-300}, 400, "repetition_penalty", "invalid_value"),  # logits overflow
     ],
 )
 def test_malformed_requests_get_openai_errors(
@@ -406,6 +423,18 @@ def test_overlong_prompt_is_refused_with_the_reason(server: RunningServer, engin
     assert _wait_for_idle(engine).pages_used == 0
 
 
+def test_a_body_over_the_limit_is_refused(server: RunningServer) -> None:
+    def upload() -> Iterator[bytes]:  # chunked, so nothing tells the size up front
+        piece = b" " * (1 << 20)
+        for _ in range((MAX_BODY_BYTES >> 20) + 1):
+            yield piece
+
+    r = httpx.post(f"{server.base_url}/chat/completions", content=upload(),
+                   headers={"Content-Type": "application/json"}, timeout=60)
+    assert r.status_code == 413
+    assert r.json()["error"]["code"] == "request_too_large"
+
+
 def test_unknown_routes_and_methods_get_json_errors(server: RunningServer) -> None:
     r = httpx.get(f"{server.base_url}/engines")
     assert r.status_code == 404
@@ -413,6 +442,73 @@ def test_unknown_routes_and_methods_get_json_errors(server: RunningServer) -> No
     r = httpx.get(f"{server.base_url}/chat/completions")
     assert r.status_code == 405
     assert r.json()["error"]["message"]
+
+
+# -- the response builders, without a server ------------------------------------------
+
+
+def test_chat_chunks_name_the_role_once_and_end_with_usage() -> None:
+    head = proto.ResponseHead("chatcmpl-1", 1_700_000_000, "m")
+    chunks = proto.ChatChunks(head, include_usage=True)
+    first, second = chunks.text(0, "Hel"), chunks.text(0, "lo")
+    assert first["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": "Hel"},
+                                 "logprobs": None, "finish_reason": None}]
+    assert second["choices"][0]["delta"] == {"content": "lo"}
+    end = chunks.finish(0, "length")
+    assert end["choices"] == [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "length"}]
+    # A choice that ends without any text still says who speaks.
+    assert chunks.finish(1, "stop")["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    # An aborted request (the server stopping) is not claimed to have ended its answer.
+    assert chunks.finish(2, "abort")["choices"][0]["finish_reason"] == "abort"
+    for chunk in (first, second, end):
+        assert chunk["id"] == "chatcmpl-1" and chunk["object"] == "chat.completion.chunk"
+        assert chunk["created"] == 1_700_000_000 and chunk["model"] == "m"
+        assert chunk["usage"] is None  # include_usage: null on every chunk but the last
+    last = chunks.usage(proto.usage(prompt_tokens=5, completion_tokens=3, cached_tokens=2))
+    assert last["choices"] == []
+    assert last["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8,
+                             "prompt_tokens_details": {"cached_tokens": 2}}
+    assert "usage" not in proto.ChatChunks(head, include_usage=False).text(0, "x")
+
+
+def test_completion_bodies_number_the_choices() -> None:
+    head = proto.ResponseHead("cmpl-1", 1_700_000_000, "m")
+    chunks = proto.CompletionChunks(head, include_usage=False)
+    assert chunks.text(3, "ab")["choices"] == [{"index": 3, "text": "ab", "logprobs": None, "finish_reason": None}]
+    end = chunks.finish(3, "stop")
+    assert end["object"] == "text_completion" and "usage" not in end
+    assert end["choices"] == [{"index": 3, "text": "", "logprobs": None, "finish_reason": "stop"}]
+
+    @dataclasses.dataclass
+    class Finished:
+        text: str
+        finish_reason: str
+
+    outputs = [Finished("a", "stop"), Finished("b", "length")]
+    usage = proto.usage(prompt_tokens=2, completion_tokens=2, cached_tokens=0)
+    answer = proto.completion(head, outputs, usage)
+    assert answer["object"] == "text_completion" and answer["usage"] == usage
+    assert [(c["index"], c["text"], c["finish_reason"]) for c in answer["choices"]] == [(0, "a", "stop"), (1, "b", "length")]
+    chat = proto.chat_completion(proto.ResponseHead("chatcmpl-2", 1, "m"), outputs, usage)
+    assert chat["object"] == "chat.completion"
+    assert [c["message"] for c in chat["choices"]] == [{"role": "assistant", "content": "a"},
+                                                        {"role": "assistant", "content": "b"}]
+
+
+def test_model_not_found_names_what_is_served() -> None:
+    assert "no model loaded" in proto.model_not_found("x", []).message
+    many = proto.model_not_found("x", [f"m{i}" for i in range(12)])
+    assert (many.status, many.param, many.code) == (404, "model", "model_not_found")
+    assert "'m9'" in many.message and "'m10'" not in many.message and "..." in many.message
+
+
+def test_the_server_module_imports_neither_torch_nor_uvicorn() -> None:
+    # The CLI imports it for `serve --help`, which must answer at once.
+    code = ("import sys, engine.entrypoints.openai.server; "
+            "print([m for m in ('torch', 'uvicorn') if m in sys.modules])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 # -- several models, changing while it serves ----------------------------------------

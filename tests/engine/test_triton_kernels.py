@@ -304,7 +304,7 @@ def test_kernel_runner_matches_the_cpu_runner(tmp_path, heads, kv_heads, head_di
     a mixed step and decodes, with shuffled pages."""
     from engine.runner.cuda import KernelModelRunner
     from engine.formats.loader import load_model
-    from engine.runner import ModelRunner
+    from engine.runner.cpu import ModelRunner
 
     folder = write_random_llama(
         tmp_path / "m", heads=heads, kv_heads=kv_heads, head_dim=head_dim, window=window, seed=3
@@ -491,7 +491,7 @@ def test_activation_probe_through_the_kernels_is_a_plain_prefill(tmp_path) -> No
     on CUDA; on the CPU (interpreter) that forward equals the CPU runner's."""
     from engine.runner import memory
     from engine.formats.loader import load_model
-    from engine.runner import ModelRunner
+    from engine.runner.cpu import ModelRunner
 
     folder = write_random_llama(
         tmp_path / "m", heads=4, kv_heads=2, head_dim=16, window=None, seed=0

@@ -14,7 +14,8 @@ from PySide6.QtWidgets import QMessageBox, QPushButton
 from app.models.registry import ModelEntry, ModelRegistry
 from engine.progress import LoadProgress
 from tests.engine.test_gguf_import import TinyModel, write_gguf
-from ui.dialogs.model_manager import ModelManagerDialog, ModelPicker, format_parameters
+from ui.dialogs.model_manager import ModelManagerDialog, format_parameters
+from ui.widgets.model_picker import ModelPicker
 from ui.theme import apply_theme, muted_text_color
 
 
@@ -347,3 +348,69 @@ def test_a_refused_choice_is_shown_and_the_saved_one_kept(
     assert dialog.quantize_choice.currentText() == "Off"
     assert registry.get("tiny-llama").quantize is None
     box.accept()
+
+
+def test_a_context_cap_is_kept_per_model_and_shrinks_the_memory_estimate(
+    qapp: Any, qtbot: Any, registry: ModelRegistry, model_folder: Path
+) -> None:
+    dialog = ModelManagerDialog(registry)
+    qtbot.addWidget(dialog)
+    dialog.show()
+    dialog.set_engine_settings(device="cpu", dtype="float32")  # the CPU's default KV budget: the context sizes the pool
+    dialog.add_folder(model_folder)
+    box = dialog.context_length
+    assert box.isVisible() and box.text() == "Model's own (2,048)"
+    assert box.maximum() == 2048  # the model's trained context bounds it
+    uncapped = dialog.detail_labels["memory"].text()
+
+    # Keyboard only: Alt+X reaches the field; typing 256 and Enter saves it.
+    with qtbot.waitActive(dialog):
+        dialog.activateWindow()
+    dialog.model_list.setFocus()
+    qtbot.keyClick(dialog.model_list, Qt.Key.Key_X, Qt.KeyboardModifier.AltModifier)
+    qtbot.waitUntil(box.hasFocus, timeout=2000)
+    box.lineEdit().selectAll()
+    qtbot.keyClicks(box.lineEdit(), "256")
+    qtbot.keyClick(box.lineEdit(), Qt.Key.Key_Return)
+    assert registry.get("tiny-llama").max_context == 256
+    assert registry.engine_options("tiny-llama")["max_context"] == 256
+    assert dialog.status_label.text() == "“tiny-llama”: context length set to 256 tokens; it applies when it loads."
+    capped = dialog.detail_labels["memory"].text()
+    assert capped != uncapped
+    assert registry.estimate_memory("tiny-llama", "cpu", "float32").kv_bytes < (
+        registry.estimate_memory("tiny-llama", "cpu", "float32", max_context=None).kv_bytes
+    )
+    assert "Capped below the trained 2,048 tokens" in dialog.load_choices.context_note.text()
+
+    # A new registry on the same file, a new dialog: the cap is still there.
+    reopened = ModelManagerDialog(ModelRegistry(registry.path))
+    qtbot.addWidget(reopened)
+    reopened.show()
+    reopened.set_engine_settings(device="cpu", dtype="float32")
+    reopened.refresh(select_id="tiny-llama")
+    assert reopened.context_length.value() == 256 and reopened.detail_labels["memory"].text() == capped
+
+    # Back to the model's own context: no cap, the first estimate.
+    box.setValue(box.minimum())
+    box.editingFinished.emit()
+    assert registry.get("tiny-llama").max_context is None
+    assert "max_context" not in registry.engine_options("tiny-llama")
+    assert dialog.detail_labels["memory"].text() == uncapped
+
+
+def test_capping_a_loaded_models_context_offers_a_reload(qapp: Any, qtbot: Any, registry: ModelRegistry, model_folder: Path) -> None:
+    reloaded: list[str] = []
+    dialog = ModelManagerDialog(registry, is_loaded=lambda model_id: True, reload_model=reloaded.append)
+    qtbot.addWidget(dialog)
+    dialog.show()
+    dialog.add_folder(model_folder)
+    dialog.context_length.setValue(512)
+    dialog.context_length.editingFinished.emit()
+    assert registry.get("tiny-llama").max_context == 512
+    assert dialog.status_label.text() == (
+        "“tiny-llama”: context length set to 512 tokens; it applies the next time it loads (or reload it now)."
+    )
+    assert dialog.reload_button.isVisible()
+    dialog.reload_button.click()
+    assert reloaded == ["tiny-llama"]
+    assert not dialog.reload_button.isVisible()

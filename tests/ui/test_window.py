@@ -49,7 +49,7 @@ async def test_broadcast_streams_into_the_right_panes(loop: Any, make_window: An
 
     send(window, "Name three colours.")
     await wait_until(lambda: replies_done(window), what="three replies")
-    window._flush_panes()
+    window.flush_panes()
 
     texts = []
     for pane in ws.panes:
@@ -80,7 +80,7 @@ async def test_stop_mid_stream_keeps_the_partial_reply(loop: Any, make_window: A
     assert window.composer.stop_button.isEnabled()
     window.composer.stop_button.click()
     await wait_until(lambda: all_idle(window), what="replies to stop")
-    window._flush_panes()
+    window.flush_panes()
     for view in window.panes.values():
         reply = view.pane.conversation.messages[1]
         assert reply.state == "stopped"
@@ -156,7 +156,7 @@ async def test_regenerate_edit_and_fork_through_the_widgets(loop: Any, make_wind
     msgs = pane.conversation.messages
     assert [m.role for m in msgs] == ["user", "assistant"]
     assert msgs[0].text.startswith("Tell me a fact about mountains")
-    window._flush_panes()
+    window.flush_panes()
     assert view.messages[0].body.markdown() == msgs[0].text
     assert set(view.messages) == {0, 1}
 
@@ -177,7 +177,7 @@ async def test_regenerate_edit_and_fork_through_the_widgets(loop: Any, make_wind
     shared = len(fork.conversation.kept_ids_for(2))
     page = ws.stats().page_size
     assert stats.cached_prompt_tokens >= (shared // page) * page > 0
-    window._flush_panes()
+    window.flush_panes()
     assert f"{stats.cached_prompt_tokens} from cache" in fork_view.messages[3].stats_label.text()
     assert len(pane.conversation.messages) == 2  # the source pane did not receive it
 
@@ -386,3 +386,25 @@ async def test_window_shows_loading_then_becomes_usable(loop: Any, tiny_model_di
         window.closed.connect(closed.set)
         window.close()
         await asyncio.wait_for(closed.wait(), 10)
+
+
+@on_loop()
+async def test_narrow_panes_wrap_their_text_and_fold_the_actions(loop: Any, make_window: Any) -> None:
+    window = make_window(panes=4, max_tokens=12, ignore_eos=True)
+    window.resize(1024, 700)
+    send(window, "Tell me about the sea.")
+    await wait_until(lambda: replies_done(window), what="four replies")
+    window.flush_panes()
+    await asyncio.sleep(0.1)  # the layouts settle
+    for view in window.panes.values():
+        reply = view.messages[1]
+        # Nothing is wider than the pane: the messages wrap, the actions fold into "⋯".
+        assert view.scroll.widget().width() <= view.scroll.viewport().width()
+        assert reply.more_button.isVisible() and not reply.actions.isVisible()
+        reply.more_button.menu().aboutToShow.emit()
+        assert "Regenerate" in [a.text() for a in reply.more_button.menu().actions()]
+    window.resize(1800, 800)  # room again: the buttons come back
+    await asyncio.sleep(0.1)
+    reply = next(iter(window.panes.values())).messages[1]
+    await wait_until(lambda: reply.regenerate_button.isVisible(), what="the buttons")
+    assert not reply.more_button.isVisible()

@@ -22,12 +22,12 @@ def _make(tmp_path: Path, engine_dir: Path, *, registry: Any = None, panes: int 
 
     settings = Settings(model=str(engine_dir), device="cpu", dtype="float32", threads=1, kv_cache_mb=16)
     settings.default_params = SamplingParams(temperature=0.0, max_tokens=12)
-    resolve = None
+    resolve = options = None
     if registry is not None:
         from ui.main import _model_resolver
 
-        resolve = _model_resolver(registry)
-    workspace = Workspace(settings, resolve_model=resolve)
+        resolve, options = _model_resolver(registry), registry.engine_options  # as ui/main.py wires them
+    workspace = Workspace(settings, resolve_model=resolve, model_options=options)
     session = ChatSession.open(tmp_path / "chats.sqlite3")
     session.restore(workspace, default_panes=panes)
     window = MainWindow(workspace, settings, version="test", save_settings=False, session=session, registry=registry)
@@ -219,5 +219,34 @@ async def test_a_damaged_chat_store_is_kept_aside_and_the_app_starts(loop: Any, 
         assert "kept aside" in window.store_banner.text()
         assert list(tmp_path.glob("chats.sqlite3.corrupt-*"))
         assert window.workspace.panes  # a fresh start: a new, empty store and a pane to type in
+    finally:
+        await _close(window)
+
+
+@on_loop()
+async def test_a_models_context_cap_shows_in_the_panes_meter_once_loaded(
+    loop: Any, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from app.models.registry import ModelRegistry
+
+    capped_dir = tmp_path / "capped-tiny"
+    shutil.copytree(tiny_model_dir, capped_dir)
+    registry = ModelRegistry(tmp_path / "models.json")
+    capped = registry.add_folder(capped_dir)
+    registry.set_max_context(capped.id, 256)  # what the model details' "Context length" field saves
+    window = _make(tmp_path, tiny_model_dir, registry=registry, panes=2)
+    try:
+        window.load_engine()
+        ws = window.workspace
+        await wait_until(lambda: ws.engine_state == "ready", what="the model")
+        first, second = ws.panes
+        assert window.panes[first.id].context_meter.format().endswith("/ 2.0k tokens")  # the trained 2,048
+        window.models.choose(second.id, capped.id)
+        await wait_until(lambda: ws.model_state(capped.id) == "ready", what="the capped model")
+        assert ws.engine_for(capped.id).max_context == 256
+        meter = window.panes[second.id].context_meter
+        assert meter.format().endswith("/ 256 tokens") and meter.maximum() == 256
+        # The smaller context gives a smaller KV pool.
+        assert ws.stats(capped.id).pages_total < ws.stats(str(tiny_model_dir)).pages_total
     finally:
         await _close(window)

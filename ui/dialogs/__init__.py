@@ -1,1 +1,2 @@
-"""ui/dialogs."""
+"""Dialogs opened with open(), never exec(): preferences, the model manager, shortcuts and small ones.
+"""

@@ -1,10 +1,10 @@
-"""The model manager dialog, and the model dropdown of a pane's header.
+"""The model manager dialog.
 
 The dialog lists the registry's models with their details, adds a model
 folder, imports a GGUF file (with a progress bar and a Cancel button) and
-removes models. A float checkpoint's details hold its "Quantize at load"
-choice (Off / int8 / int4, kept per model in the registry); a folder stored
-quantized already (an imported GGUF file) shows its formats instead. An import runs on a daemon thread that never touches Qt: it
+removes models. A model's details hold what it loads with, kept per model
+in the registry: "Quantize at load" and "Context length" (see
+ui/dialogs/load_choices.py). An import runs on a daemon thread that never touches Qt: it
 only records its progress and outcome under a lock, and a timer on the GUI
 thread shows them. (Emitting Qt signals from plain Python threads crashed
 PySide6 6.8+ in this project's test runs; see ui/event_loop.py.)
@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from PySide6.QtCore import QEvent, QSize, Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QKeySequence, QPalette, QShortcut
 from PySide6.QtWidgets import (
     QAbstractItemView,
-    QComboBox,
     QDialog,
     QFileDialog,
     QFormLayout,
@@ -47,7 +46,6 @@ from PySide6.QtWidgets import (
 from app.models.memory_estimate import MemoryEstimate, estimate_memory
 from app.models.registry import (
     DEFAULT_MODEL_ID,
-    QUANTIZE_CHOICES,
     ImportCancelledError,
     ModelDetails,
     ModelEntry,
@@ -56,30 +54,13 @@ from app.models.registry import (
 )
 from engine.errors import EngineError
 from engine.progress import LoadProgress, display_path, format_bytes
+from ui.dialogs.load_choices import LoadChoices
 from ui.theme import muted_text_color
 
 log = logging.getLogger(__name__)
 
 # How often the GUI thread looks at a running import (a progress bar needs no more).
 _POLL_MS = 50
-
-# The "Quantize at load" choices: (label, registry value).
-QUANTIZE_ITEMS: tuple[tuple[str, str | None], ...] = (
-    ("Off", None),
-    ("int8 (8-bit)", "int8"),
-    ("int4 (4-bit)", "int4"),
-)
-assert {value for _, value in QUANTIZE_ITEMS} - {None} == set(QUANTIZE_CHOICES)
-# What each choice does to a float checkpoint (engine/formats/loader.py quantized_copy).
-_QUANTIZE_MEANING = {
-    None: "Runs the weights as stored.",
-    "int8": "Layers as 8-bit blocks (q8_0, ~1.06 bytes a weight): nearly identical replies, faster on the CPU.",
-    "int4": (
-        "Layers as 4-bit blocks (q4_1, ~0.6 bytes a weight; embedding and head at 8 bits): "
-        "smallest and fastest on the CPU, slightly less accurate."
-    ),
-}
-
 
 def format_parameters(count: int) -> str:
     """134_515_008 -> '135M', 7_241_732_096 -> '7.2B'."""
@@ -132,10 +113,8 @@ class ModelManagerDialog(QDialog):
         self.registry = registry
         # Panes running a model: such a model cannot be removed until they switch.
         self._is_in_use = is_in_use or (lambda model_id: False)
-        self._is_loaded = is_loaded or (lambda model_id: False)
+        self.is_loaded = is_loaded or (lambda model_id: False)
         self._reload_model = reload_model
-        # Models whose quantize choice changed while they were loaded.
-        self._pending_reload: set[str] = set()
         self._details: dict[str, ModelDetails | ModelError] = {}
         self._engine_settings: dict[str, object] = {"device": "auto", "dtype": "auto", "kv_cache_mb": None, "page_size": 16}
         self._job: _ImportJob | None = None
@@ -155,7 +134,7 @@ class ModelManagerDialog(QDialog):
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         header.setSectionResizeMode(1, QHeaderView.ResizeMode.ResizeToContents)
         header.setSectionResizeMode(2, QHeaderView.ResizeMode.ResizeToContents)
-        self.model_list.currentItemChanged.connect(lambda *_: self._show_selected())
+        self.model_list.currentItemChanged.connect(lambda *_: self.show_selected())
 
         self.details_box = QGroupBox("Details", self)
         form = QFormLayout(self.details_box)
@@ -166,7 +145,7 @@ class ModelManagerDialog(QDialog):
         for key, title in (
             ("architecture", "Architecture"),
             ("parameters", "Parameters"),
-            ("context", "Context length"),
+            ("context", "Trained context"),
             ("dtype", "Stored as"),
             ("size", "Size on disk"),
             ("memory", "Memory to run"),
@@ -188,33 +167,12 @@ class ModelManagerDialog(QDialog):
         self.location_field.setPalette(clear)
         form.addRow("Location:", self.location_field)
 
-        # Quantize at load: a choice for float checkpoints, the formats otherwise.
-        quantize_row = QWidget(self.details_box)
-        quantize_layout = QVBoxLayout(quantize_row)
-        quantize_layout.setContentsMargins(0, 0, 0, 0)
-        choice_line = QHBoxLayout()
-        self.quantize_choice = QComboBox(quantize_row)
-        self.quantize_choice.setAccessibleName("Quantize at load")
-        for label, value in QUANTIZE_ITEMS:
-            self.quantize_choice.addItem(label, value)
-        self.quantize_choice.activated.connect(self._on_quantize_chosen)
-        self.reload_button = QPushButton("Re&load now", quantize_row)
-        self.reload_button.setAutoDefault(False)
-        self.reload_button.setToolTip("Load the model again with the new choice (its replies in progress stop)")
-        self.reload_button.clicked.connect(self.reload_selected)
-        self.reload_button.hide()
-        choice_line.addWidget(self.quantize_choice)
-        choice_line.addWidget(self.reload_button)
-        choice_line.addStretch(1)
-        quantize_layout.addLayout(choice_line)
-        self.quantize_note = QLabel(quantize_row)
-        self.quantize_note.setWordWrap(True)
-        self.quantize_note.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.quantize_note.setMinimumWidth(self.fontMetrics().averageCharWidth() * 30)
-        quantize_layout.addWidget(self.quantize_note)
-        quantize_label = QLabel("&Quantize at load:", self.details_box)
-        quantize_label.setBuddy(self.quantize_choice)
-        form.addRow(quantize_label, quantize_row)
+        # What the model loads with: quantize at load, context length.
+        self.load_choices = LoadChoices(self, form, self._estimate)
+        self.quantize_choice = self.load_choices.quantize_choice
+        self.reload_button = self.load_choices.reload_button
+        self.quantize_note = self.load_choices.quantize_note
+        self.context_length = self.load_choices.context_length
         self.details_error = QLabel(self.details_box)
         self.details_error.setWordWrap(True)
         self.details_error.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -278,13 +236,10 @@ class ModelManagerDialog(QDialog):
         layout.addLayout(buttons)
 
         QShortcut(QKeySequence(QKeySequence.StandardKey.Delete), self.model_list, self.remove_selected)
-        QWidget.setTabOrder(self.model_list, self.quantize_choice)
-        QWidget.setTabOrder(self.quantize_choice, self.reload_button)
-        QWidget.setTabOrder(self.reload_button, self.add_button)
-        QWidget.setTabOrder(self.add_button, self.import_button)
-        QWidget.setTabOrder(self.import_button, self.remove_button)
-        QWidget.setTabOrder(self.remove_button, self.close_button)
-        QWidget.setTabOrder(self.close_button, self.cancel_button)
+        order = [self.model_list, *self.load_choices.tab_order(), self.add_button, self.import_button,
+                 self.remove_button, self.close_button, self.cancel_button]
+        for first, second in zip(order, order[1:]):
+            QWidget.setTabOrder(first, second)
 
         self._poll = QTimer(self)
         self._poll.setInterval(_POLL_MS)
@@ -302,7 +257,7 @@ class ModelManagerDialog(QDialog):
     ) -> None:
         """The engine settings the "Memory to run" estimate assumes."""
         self._engine_settings = {"device": device, "dtype": dtype, "kv_cache_mb": kv_cache_mb, "page_size": page_size}
-        self._show_selected()
+        self.show_selected()
 
     def refresh(self, select_id: str | None = None) -> None:
         """Re-read the registry and the models' details."""
@@ -322,7 +277,7 @@ class ModelManagerDialog(QDialog):
             if entry.id == current:
                 chosen = item
         self.model_list.setCurrentItem(chosen or self.model_list.topLevelItem(0))
-        self._show_selected()
+        self.show_selected()
 
     def selected_id(self) -> str | None:
         item = self.model_list.currentItem()
@@ -339,7 +294,8 @@ class ModelManagerDialog(QDialog):
                 self._details[model_id] = ModelError(f"The details could not be read: {exc}")
         return self._details[model_id]
 
-    def _show_selected(self) -> None:
+    def show_selected(self) -> None:
+        """Show the selected model's details (again, after a change)."""
         model_id = self.selected_id()
         self._update_buttons()
         if model_id is None:
@@ -355,9 +311,7 @@ class ModelManagerDialog(QDialog):
             self._set_location(display_path(entry.path) if entry and entry.path else "—")
             self.details_error.setText(str(details))
             self.details_error.show()
-            self.quantize_choice.hide()
-            self.reload_button.hide()
-            self.quantize_note.setText("—")
+            self.load_choices.show_unreadable()
             return
         self.details_error.hide()
         labels["architecture"].setText(details.architecture)
@@ -369,100 +323,35 @@ class ModelManagerDialog(QDialog):
         self._set_location(display_path(details.path) if details.path else "Imported on first use")
         labels["source"].setText(details.source)
         quantize = entry.quantize if entry is not None and not details.quantized else None
-        estimate = self._estimate(details, quantize)
+        estimate = self._estimate(details, quantize, entry.max_context if entry is not None else None)
         if isinstance(estimate, EngineError):  # e.g. CUDA chosen in the settings, none here
             labels["memory"].setText(str(estimate))
         else:
             where = "this computer's memory" if estimate.device == "cpu" else "the GPU"
             labels["memory"].setText(f"{estimate.describe()}, in {where}")
-        self._show_quantize(model_id, details, quantize, estimate)
+        self.load_choices.show(model_id, entry, details, estimate)
 
-    def _estimate(self, details: ModelDetails, quantize: str | None) -> MemoryEstimate | EngineError:
+    def _estimate(
+        self, details: ModelDetails, quantize: str | None, max_context: int | None
+    ) -> MemoryEstimate | EngineError:
+        """What loading the model takes with these choices and the engine settings (the
+        registry's estimate, on the details read already)."""
         try:
             return estimate_memory(
-                details.shape, **self._engine_settings, stored=details.stored, quantize=quantize  # type: ignore[arg-type]
+                details.shape, **self._engine_settings, stored=details.stored,  # type: ignore[arg-type]
+                quantize=quantize, max_context=max_context,
             )
         except EngineError as exc:
             return exc
 
-    def _show_quantize(
-        self, model_id: str, details: ModelDetails, quantize: str | None, estimate: MemoryEstimate | EngineError
-    ) -> None:
-        """The "Quantize at load" row: the choice and what it means, or the
-        formats of a model stored quantized already."""
-        note = self.quantize_note
-        if details.quantized:
-            self.quantize_choice.hide()
-            self.reload_button.hide()
-            note.setText(
-                f"Not needed: stored as {' + '.join(details.stored.formats)} blocks, which stay "
-                "quantized in memory."
-            )
-            return
-        self.quantize_choice.show()
-        self.quantize_choice.setCurrentIndex(max(0, self.quantize_choice.findData(quantize)))
-        parts = [_QUANTIZE_MEANING[quantize]]
-        if quantize is None:
-            smaller = [(mode, self._estimate(details, mode)) for mode in QUANTIZE_CHOICES]
-            if all(isinstance(e, MemoryEstimate) for _, e in smaller) and isinstance(estimate, MemoryEstimate):
-                sizes = " and ".join(f"{format_bytes(e.weights_bytes)} in {mode}" for mode, e in smaller)  # type: ignore[union-attr]
-                parts.append(
-                    f"Quantized, the weights would take {sizes} instead of "
-                    f"{format_bytes(estimate.weights_bytes)}; computed once at the next load, then cached."
-                )
-            else:
-                problem = next(e for _, e in [*smaller, (None, estimate)] if isinstance(e, EngineError))
-                parts.append(str(problem))
-        elif isinstance(estimate, EngineError):
-            parts.append(str(estimate))
-        else:
-            as_stored = self._estimate(details, None)
-            if isinstance(as_stored, MemoryEstimate):
-                parts.append(
-                    f"Weights {format_bytes(estimate.weights_bytes)} instead of "
-                    f"{format_bytes(as_stored.weights_bytes)};"
-                )
-            parts.append("computed once at the first load, then cached.")
-        pending = model_id in self._pending_reload and self._is_loaded(model_id)
-        if pending:
-            parts.append("The loaded copy runs as before until the model loads again.")
-        note.setText(" ".join(parts))
-        self.reload_button.setVisible(pending and self._reload_model is not None)
+    @property
+    def can_reload(self) -> bool:
+        """Whether the dialog can reload a model (the window gave it a way to)."""
+        return self._reload_model is not None
 
-    def _on_quantize_chosen(self, index: int) -> None:
-        model_id = self.selected_id()
-        if model_id is None:
-            return
-        mode = self.quantize_choice.itemData(index)
-        try:
-            entry = self.registry.set_quantize(model_id, mode)
-        except ModelError as exc:
-            self.show_error("The quantize choice was not changed", str(exc))
-            self._show_selected()  # back to the choice that is saved
-            return
-        label = self.quantize_choice.itemText(index)
-        if self._is_loaded(model_id):
-            self._pending_reload.add(model_id)
-            when = "the next time it loads" + (" (or reload it now)" if self._reload_model is not None else "")
-            self.status_label.setText(f"“{entry.name}”: quantize at load set to {label}; it applies {when}.")
-        else:
-            self.status_label.setText(f"“{entry.name}”: quantize at load set to {label}; it applies when it loads.")
-        self._show_selected()
-
-    def reload_selected(self) -> None:
-        """Reload the selected model so that its quantize choice applies now."""
-        model_id = self.selected_id()
-        if model_id is None or self._reload_model is None:
-            return
-        self._pending_reload.discard(model_id)
-        try:
-            self._reload_model(model_id)
-        except Exception as exc:  # the window reports load failures itself; this is a bug
-            log.exception("reloading %s", model_id)
-            self.show_error("The model was not reloaded", str(exc))
-            return
-        self.status_label.setText(f"Reloading “{self.registry.get(model_id).name}”…")
-        self._show_selected()
+    def reload_model(self, model_id: str) -> None:
+        assert self._reload_model is not None
+        self._reload_model(model_id)
 
     def _set_location(self, text: str) -> None:
         self.location_field.setText(text)
@@ -676,51 +565,3 @@ class ModelManagerDialog(QDialog):
         palette = label.palette()
         palette.setColor(QPalette.ColorRole.WindowText, muted_text_color(self.palette()))
         label.setPalette(palette)
-
-
-class ModelPicker(QComboBox):
-    """The model dropdown of a pane's header; `model_chosen(id)` when the user picks one."""
-
-    model_chosen = Signal(str)
-
-    def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.setAccessibleName("Model")
-        self.setToolTip("The model this pane runs")
-        self.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
-        self._current: str | None = None
-        self.activated.connect(self._on_activated)
-
-    def set_models(self, entries: Sequence[ModelEntry], current_id: str | None) -> None:
-        """Show `entries`, `current_id` selected; emits nothing."""
-        self.blockSignals(True)
-        try:
-            self.clear()
-            for entry in entries:
-                available = entry.available()
-                self.addItem(entry.name if available else f"{entry.name} (missing)", entry.id)
-                index = self.count() - 1
-                where = display_path(entry.path) if entry.path else "Built into Tandem"
-                self.setItemData(index, f"{entry.kind_label}: {where}", Qt.ItemDataRole.ToolTipRole)
-                if not available:
-                    # Greyed out and not selectable: its files are gone.
-                    self.model().item(index).setEnabled(False)  # type: ignore[attr-defined]
-            index = self.findData(current_id) if current_id is not None else -1
-            self.setCurrentIndex(index)
-            self._current = current_id if index >= 0 else None
-        finally:
-            self.blockSignals(False)
-
-    def current_id(self) -> str | None:
-        return self._current
-
-    def _on_activated(self, index: int) -> None:
-        model_id = self.itemData(index)
-        if model_id is None or model_id == self._current:
-            return
-        self._current = model_id
-        self.model_chosen.emit(model_id)
-
-    def sizeHint(self) -> QSize:  # noqa: N802
-        hint = super().sizeHint()
-        return QSize(min(hint.width(), self.fontMetrics().averageCharWidth() * 36), hint.height())

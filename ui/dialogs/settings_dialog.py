@@ -11,7 +11,6 @@ loop would stall the asyncio callbacks qasync runs on Qt's loop.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable
 from typing import Any
@@ -22,13 +21,11 @@ from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
     QDialogButtonBox,
-    QDoubleSpinBox,
     QFormLayout,
     QHBoxLayout,
     QLabel,
     QLineEdit,
     QPlainTextEdit,
-    QSpinBox,
     QTabWidget,
     QVBoxLayout,
     QWidget,
@@ -47,6 +44,7 @@ from app.settings import (
 from engine.runner.threads import available_cores
 from engine.params import InvalidSamplingParams
 from ui.theme import is_dark
+from ui.widgets.sampling_form import SamplingForm
 
 DEVICE_LABELS = {
     "auto": "Automatic (a CUDA GPU when there is one)",
@@ -275,21 +273,15 @@ class SettingsDialog(QDialog):
     def _replies_tab(self) -> QWidget:
         page = QWidget(self)
         form = self._form(page)
-        self.temperature = self._double(page, 0.0, 5.0, 0.05, 2)
-        self._row(form, "&Temperature", "temperature", self.temperature, tip="Randomness of the reply; 0 always picks the most likely token")
-        self.top_p = self._double(page, 0.01, 1.0, 0.05, 2)
-        self._row(form, "Top-&p", "top_p", self.top_p, tip="Sample from the most likely tokens that make up this much probability; 1 = off")
-        self.top_k = QSpinBox(page)
-        self.top_k.setRange(0, 100_000)
-        self.top_k.setSpecialValueText("off")
-        self._row(form, "Top-&k", "top_k", self.top_k, tip="Sample from this many of the most likely tokens; 0 = off")
-        self.min_p = self._double(page, 0.0, 0.99, 0.01, 2)
-        self._row(form, "&Min-p", "min_p", self.min_p, tip="Drop tokens less likely than this fraction of the top one; 0 = off")
-        self.repetition_penalty = self._double(page, 0.5, 3.0, 0.05, 2)
-        self._row(form, "Repetitio&n penalty", "repetition_penalty", self.repetition_penalty, tip="Above 1 discourages repeating tokens; 1 = off")
-        self.max_tokens = QSpinBox(page)
-        self.max_tokens.setRange(1, 1_000_000)
-        self._row(form, "Ma&x reply length", "max_tokens", self.max_tokens, suffix="tokens", tip="The longest reply, in tokens")
+        self.sampling = SamplingForm(
+            page, lambda label, key, editor, tip: self._row(form, label, key, editor, tip=tip)
+        )
+        self.temperature = self.sampling.temperature
+        self.top_p = self.sampling.top_p
+        self.top_k = self.sampling.top_k
+        self.min_p = self.sampling.min_p
+        self.repetition_penalty = self.sampling.repetition_penalty
+        self.max_tokens = self.sampling.max_tokens
         self.seed = QLineEdit(page)
         self.seed.setPlaceholderText("random")
         self._row(form, "&Seed", "seed", self.seed, tip="A whole number makes replies repeatable; empty draws a new seed each time")
@@ -326,13 +318,6 @@ class SettingsDialog(QDialog):
         combo.addItems(items)
         return combo
 
-    def _double(self, parent: QWidget, lo: float, hi: float, step: float, decimals: int) -> QDoubleSpinBox:
-        box = QDoubleSpinBox(parent)
-        box.setRange(lo, hi)
-        box.setSingleStep(step)
-        box.setDecimals(decimals)
-        return box
-
     # -- showing values --------------------------------------------------------
 
     def _show(self, settings: Settings) -> None:
@@ -342,12 +327,7 @@ class SettingsDialog(QDialog):
         self.page_size.setCurrentText(str(settings.page_size))
         self.threads.setCurrentText(AUTOMATIC if settings.threads is None else str(settings.threads))
         params = settings.default_params
-        self.temperature.setValue(params.temperature)
-        self.top_p.setValue(params.top_p)
-        self.top_k.setValue(params.top_k)
-        self.min_p.setValue(params.min_p)
-        self.repetition_penalty.setValue(params.repetition_penalty)
-        self.max_tokens.setValue(params.max_tokens)
+        self.sampling.show(params)
         self.seed.setText("" if params.seed is None else str(params.seed))
         self.system_prompt.setPlainText(settings.default_system_prompt)
         self.context_policy.setCurrentIndex(self.context_policy.findData(settings.context_policy))
@@ -366,10 +346,7 @@ class SettingsDialog(QDialog):
         self.seed.textChanged.connect(self._check_all)
         for combo in (self.device, self.dtype, self.context_policy, self.theme):
             combo.currentIndexChanged.connect(self._check_all)
-        for box in (self.temperature, self.top_p, self.min_p, self.repetition_penalty):
-            box.valueChanged.connect(self._check_all)
-        for spin in (self.top_k, self.max_tokens):
-            spin.valueChanged.connect(self._check_all)
+        self.sampling.on_change(self._check_all)
         self.system_prompt.textChanged.connect(self._check_all)
 
     def _values(self) -> tuple[dict[str, Any], list[SettingProblem]]:
@@ -417,16 +394,7 @@ class SettingsDialog(QDialog):
             except ValueError:
                 problems.append(SettingProblem("seed", f"The seed must be a whole number, or empty for a random one, not “{seed_text}”."))
         try:
-            values["default_params"] = dataclasses.replace(
-                self._original.default_params,
-                temperature=round(self.temperature.value(), 4),
-                top_p=round(self.top_p.value(), 4),
-                top_k=self.top_k.value(),
-                min_p=round(self.min_p.value(), 4),
-                repetition_penalty=round(self.repetition_penalty.value(), 4),
-                max_tokens=self.max_tokens.value(),
-                seed=seed,
-            )
+            values["default_params"] = self.sampling.replace_in(self._original.default_params, seed=seed)
         except InvalidSamplingParams as exc:  # the spin boxes' ranges should prevent it; say so if not
             problems.append(SettingProblem("default_params", str(exc)))
         values["default_system_prompt"] = self.system_prompt.toPlainText()

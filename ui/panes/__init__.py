@@ -1,1 +1,3 @@
-"""ui/panes."""
+"""One pane: its header and settings popover, message and Markdown views, the composer and the
+compare bar.
+"""

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QEvent, Qt, Signal
-from PySide6.QtGui import QFont, QGuiApplication, QPalette
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QToolButton, QVBoxLayout, QWidget
+from PySide6.QtGui import QFont, QGuiApplication, QPalette, QResizeEvent
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QMenu, QToolButton, QVBoxLayout, QWidget
 
 from ui.panes.markdown_view import MarkdownView
 from ui.theme import muted_text_color, user_bubble_color
 
+if TYPE_CHECKING:
+    from app.workspace.conversation import Message, ReplyStats
 
-def format_stats(stats: Any, streaming: bool = False) -> str:
+
+def format_stats(stats: ReplyStats | None, streaming: bool = False) -> str:
     """'41.2 tok/s · TTFT 0.05 s · prompt 812 tokens, 800 from cache'."""
     if stats is None:
         return ""
@@ -25,7 +28,7 @@ def format_stats(stats: Any, streaming: bool = False) -> str:
         parts.append(f"prompt {stats.prompt_tokens} tokens, {stats.cached_prompt_tokens} from cache")
     if stats.generated_tokens:
         parts.append(f"{stats.generated_tokens} generated")
-    reason = getattr(stats, "finish_reason", None)
+    reason = stats.finish_reason
     if not streaming and reason == "length":
         parts.append("hit max tokens")
     return " · ".join(parts)
@@ -60,12 +63,31 @@ class MessageView(QFrame):
         header.addWidget(self.role_label)
         header.addWidget(self.state_label)
         header.addStretch(1)
+        # The actions fold into "⋯" when the pane is too narrow for them (see resizeEvent);
+        # their row may shrink to nothing, so they never make the pane's messages wider than the pane.
+        self.actions = QWidget(self)
+        self.actions.setMinimumWidth(1)
+        actions_row = QHBoxLayout(self.actions)
+        actions_row.setContentsMargins(0, 0, 0, 0)
+        actions_row.setSpacing(4)
         self.copy_button = self._action("Copy", "Copy this message", self.copy_requested)
         self.edit_button = self._action("Edit", "Edit this message and send it again", self.edit_requested)
         self.regenerate_button = self._action("Regenerate", "Replace this reply with a new one", self.regenerate_requested)
         self.fork_button = self._action("Fork", "Open a new pane holding the conversation up to here", self.fork_requested)
-        for button in (self.copy_button, self.edit_button, self.regenerate_button, self.fork_button):
-            header.addWidget(button)
+        self._buttons = (self.copy_button, self.edit_button, self.regenerate_button, self.fork_button)
+        for button in self._buttons:
+            actions_row.addWidget(button)
+        header.addWidget(self.actions)
+        self.more_button = QToolButton(self)
+        self.more_button.setText("⋯")
+        self.more_button.setToolTip("Actions on this message")
+        self.more_button.setAutoRaise(True)
+        self.more_button.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        self.more_button.setStyleSheet("QToolButton::menu-indicator { image: none; width: 0px; }")  # "⋯" says it
+        self.more_button.setMenu(QMenu(self.more_button))
+        self.more_button.menu().aboutToShow.connect(self._fill_more_menu)
+        self.more_button.hide()
+        header.addWidget(self.more_button)
         self.edit_button.setVisible(role == "user")
         self.regenerate_button.setVisible(False)
         if role == "notice":  # a note about the conversation, not part of it: nothing to copy, fork or edit
@@ -91,7 +113,7 @@ class MessageView(QFrame):
         self._apply_colors()
 
     def _action(self, text: str, tip: str, signal: Signal) -> QToolButton:
-        button = QToolButton(self)
+        button = QToolButton(self.actions)
         button.setText(text)
         button.setToolTip(tip)
         button.setAutoRaise(True)
@@ -99,7 +121,7 @@ class MessageView(QFrame):
         button.clicked.connect(lambda: signal.emit(self.index))
         return button
 
-    def update_from(self, message: Any, live_stats: Any = None) -> None:
+    def update_from(self, message: Message, live_stats: ReplyStats | None = None) -> None:
         self.state = message.state
         self.body.set_markdown(message.text)
         streaming = message.state == "streaming"
@@ -120,6 +142,29 @@ class MessageView(QFrame):
 
     def set_can_regenerate(self, can: bool) -> None:
         self.regenerate_button.setVisible(self.role == "assistant" and can)
+        self._fold_actions()
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802
+        super().resizeEvent(event)
+        self._fold_actions()
+
+    def _fold_actions(self) -> None:
+        """Show the actions as buttons when they fit beside the role, else as a "⋯" menu."""
+        margins = self.layout().contentsMargins()
+        header = self.role_label.sizeHint().width() + self.state_label.sizeHint().width() + margins.left() + margins.right() + 12
+        fits = header + self.actions.sizeHint().width() <= self.contentsRect().width()
+        offered = [b for b in self._buttons if b.isVisibleTo(self.actions)]
+        self.actions.setVisible(fits)
+        self.more_button.setVisible(not fits and bool(offered))
+
+    def _fill_more_menu(self) -> None:
+        menu = self.more_button.menu()
+        menu.clear()
+        for button in self._buttons:
+            if button.isVisibleTo(self.actions):
+                action = menu.addAction(button.text(), button.click)
+                action.setEnabled(button.isEnabled())
+                action.setToolTip(button.toolTip())
 
     def copy_text(self) -> None:
         QGuiApplication.clipboard().setText(self.body.markdown())

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import html
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
@@ -15,7 +14,6 @@ from PySide6.QtWidgets import (
     QButtonGroup,
     QCheckBox,
     QDialogButtonBox,
-    QDoubleSpinBox,
     QFormLayout,
     QFrame,
     QHBoxLayout,
@@ -30,8 +28,14 @@ from PySide6.QtWidgets import (
 )
 import shiboken6
 
+from engine.params import SamplingParams
+from ui.widgets.sampling_form import SamplingForm
 
-def describe_params(model_name: str, params: Any) -> str:
+if TYPE_CHECKING:
+    from app.remote.remote_pane import RemoteBackend
+
+
+def describe_params(model_name: str, params: SamplingParams) -> str:
     """The pane header: 'SmolLM2-135M-Instruct · t=0.7 · seed 7'."""
     parts = [model_name]
     parts.append("greedy" if params.temperature < 1e-5 else f"t={params.temperature:g}")
@@ -49,7 +53,7 @@ def describe_params(model_name: str, params: Any) -> str:
 
 
 # set_remote(base_url, model, api_key) -> the backend; raises the RemoteError
-SetRemote = Callable[[str, str, str | None], Awaitable[Any]]
+SetRemote = Callable[[str, str, str | None], Awaitable["RemoteBackend"]]
 
 
 class PaneSettingsPopover(QFrame):
@@ -66,13 +70,13 @@ class PaneSettingsPopover(QFrame):
 
     def __init__(
         self,
-        params: Any,
+        params: SamplingParams,
         system_prompt: str,
         max_context: int,
         parent: QWidget | None = None,
         title: str = "",
         *,
-        remote: Any = None,
+        remote: RemoteBackend | None = None,
         set_remote: SetRemote | None = None,
         set_local: Callable[[], None] | None = None,
         context_policy: str = "stop",
@@ -82,7 +86,7 @@ class PaneSettingsPopover(QFrame):
         self._params = params
         self._set_remote = set_remote
         self._set_local = set_local
-        self._model_task: asyncio.Task[Any] | None = None
+        self._model_task: asyncio.Task[RemoteBackend] | None = None
         layout = QVBoxLayout(self)
         if title:
             heading = QLabel(f"<b>{html.escape(title)}</b> · applies from the next reply", self)
@@ -92,17 +96,16 @@ class PaneSettingsPopover(QFrame):
         form = QFormLayout()
         form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
 
-        self.temperature = self._double(0.0, 5.0, 0.05, 2, params.temperature, "0 = greedy")
-        self.top_p = self._double(0.01, 1.0, 0.05, 2, params.top_p, "1 = off")
-        self.top_k = QSpinBox(self)
-        self.top_k.setRange(0, 100_000)
-        self.top_k.setSpecialValueText("off")
-        self.top_k.setValue(params.top_k)
-        self.min_p = self._double(0.0, 0.99, 0.01, 2, params.min_p, "0 = off")
-        self.repetition_penalty = self._double(0.5, 3.0, 0.05, 2, params.repetition_penalty, "1 = off")
-        self.max_tokens = QSpinBox(self)
-        self.max_tokens.setRange(1, max(1, max_context))
-        self.max_tokens.setValue(min(params.max_tokens, max(1, max_context)))
+        self.sampling = SamplingForm(
+            self, lambda label, _name, editor, _tip: form.addRow(label, editor), max_tokens_limit=max_context
+        )
+        self.sampling.show(params)
+        self.temperature = self.sampling.temperature
+        self.top_p = self.sampling.top_p
+        self.top_k = self.sampling.top_k
+        self.min_p = self.sampling.min_p
+        self.repetition_penalty = self.sampling.repetition_penalty
+        self.max_tokens = self.sampling.max_tokens
         seed_row = QHBoxLayout()
         self.fixed_seed = QCheckBox("fixed", self)
         self.fixed_seed.setToolTip("Same seed and prompt give the same reply")
@@ -115,12 +118,6 @@ class PaneSettingsPopover(QFrame):
         seed_row.addWidget(self.fixed_seed)
         seed_row.addWidget(self.seed, 1)
 
-        form.addRow("&Temperature", self.temperature)
-        form.addRow("Top-&p", self.top_p)
-        form.addRow("Top-&k", self.top_k)
-        form.addRow("&Min-p", self.min_p)
-        form.addRow("&Repetition penalty", self.repetition_penalty)
-        form.addRow("Max &tokens", self.max_tokens)
         seed_label = QLabel("&Seed", self)
         seed_label.setBuddy(self.fixed_seed)
         form.addRow(seed_label, seed_row)
@@ -158,7 +155,7 @@ class PaneSettingsPopover(QFrame):
         QShortcut(QKeySequence("Ctrl+Return"), self, activated=self.apply)
         self.setMinimumWidth(self.fontMetrics().averageCharWidth() * 40)
 
-    def _add_model_section(self, layout: QVBoxLayout, remote: Any) -> None:
+    def _add_model_section(self, layout: QVBoxLayout, remote: RemoteBackend | None) -> None:
         layout.addWidget(QLabel("<b>Model</b>", self))
         self.local_choice = QRadioButton("&Local (default model)", self)
         self.remote_choice = QRadioButton("&OpenAI-compatible server", self)
@@ -220,7 +217,7 @@ class PaneSettingsPopover(QFrame):
         self._model_task = asyncio.ensure_future(coro)
         self._model_task.add_done_callback(self._model_checked)
 
-    def _model_checked(self, task: asyncio.Task[Any]) -> None:
+    def _model_checked(self, task: asyncio.Task[RemoteBackend]) -> None:
         if not shiboken6.isValid(self):  # closed while the server was asked
             if not task.cancelled():
                 task.exception()  # retrieved: nobody is left to show it
@@ -234,7 +231,7 @@ class PaneSettingsPopover(QFrame):
             self._show_model_result(str(exc), error=True)
             return
         backend = task.result()
-        label = getattr(backend, "label", None) or self.remote_model.text()
+        label = backend.label or self.remote_model.text()
         self._show_model_result(f"Connected: {label}.", error=False)
         self.model_applied.emit()
 
@@ -242,26 +239,9 @@ class PaneSettingsPopover(QFrame):
         self.model_status.setText(text)
         self.model_status.setProperty("error", error)  # the theme's stylesheet may colour it
 
-    def _double(self, lo: float, hi: float, step: float, decimals: int, value: float, tip: str) -> QDoubleSpinBox:
-        box = QDoubleSpinBox(self)
-        box.setRange(lo, hi)
-        box.setSingleStep(step)
-        box.setDecimals(decimals)
-        box.setValue(value)
-        box.setToolTip(tip)
-        return box
-
-    def values(self) -> Any:
-        return dataclasses.replace(
-            self._params,
-            temperature=round(self.temperature.value(), 4),
-            top_p=round(self.top_p.value(), 4),
-            top_k=self.top_k.value(),
-            min_p=round(self.min_p.value(), 4),
-            repetition_penalty=round(self.repetition_penalty.value(), 4),
-            max_tokens=self.max_tokens.value(),
-            seed=self.seed.value() if self.fixed_seed.isChecked() else None,
-        )
+    def values(self) -> SamplingParams:
+        """The pane's parameters with the form's values; raises InvalidSamplingParams."""
+        return self.sampling.replace_in(self._params, seed=self.seed.value() if self.fixed_seed.isChecked() else None)
 
     def apply(self) -> None:
         try:

@@ -8,7 +8,8 @@ reply, and within it only its last Markdown block).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtGui import QFont, QPalette
@@ -26,12 +27,17 @@ from PySide6.QtWidgets import (
 )
 
 from ui.panes.message_view import MessageView
-from ui.dialogs.model_manager import ModelPicker
+from ui.panes.pane_settings import describe_params
 from ui.theme import warning_color
+from ui.widgets.model_picker import ModelPicker
+
+if TYPE_CHECKING:
+    from app.models.registry import ModelEntry
+    from app.workspace.conversation import ReplyStats
+    from app.workspace.workspace import Pane
 
 # Room left for the next message when deciding that the context is nearly full.
 CONTEXT_MARGIN_TOKENS = 64
-from ui.panes.pane_settings import describe_params
 
 
 class ElidedLabel(QLabel):
@@ -73,7 +79,7 @@ class PaneView(QFrame):
     activated = Signal(int)  # the user clicked or focused into this pane
     model_chosen = Signal(int, str)  # pane id, model id
 
-    def __init__(self, pane: Any, model_name: str, parent: QWidget | None = None) -> None:
+    def __init__(self, pane: Pane, model_name: str, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.pane = pane
         self.pane_id: int = pane.id
@@ -107,8 +113,8 @@ class PaneView(QFrame):
         self.summary_label = ElidedLabel(self.header)
         # "ready" | "loading" | "error" | "unloaded" | "closed": the pane's model, as the window last heard.
         self.model_state = "ready"
-        self._model_entries: list[Any] = []
-        self._picker_shows: tuple[Any, ...] | None = None
+        self._model_entries: list[ModelEntry] = []
+        self._picker_shows: tuple[tuple[str, ...], str] | None = None  # (entry ids, model id) the picker shows
         self.settings_button = self._tool("⚙", "Settings for this pane (Ctrl+,)", lambda: self.settings_requested.emit(self.pane_id))
         self.stop_button = self._tool("■", "Stop this pane's reply", lambda: self.stop_requested.emit(self.pane_id))
         self.close_button = self._tool("✕", "Close this pane (Ctrl+W)", lambda: self.close_requested.emit(self.pane_id))
@@ -152,7 +158,7 @@ class PaneView(QFrame):
         self.context_warning = False
         self.messages: dict[int, MessageView] = {}
         self._dirty: set[int] = set()
-        self._live_stats: dict[int, Any] = {}
+        self._live_stats: dict[int, ReplyStats | None] = {}
         self._follow = True
         bar = self.scroll.verticalScrollBar()
         bar.rangeChanged.connect(self._on_range_changed)
@@ -163,7 +169,7 @@ class PaneView(QFrame):
         for index in range(len(pane.conversation.messages)):
             self._add_message(index)
 
-    def _tool(self, text: str, tip: str, slot: Any) -> QToolButton:
+    def _tool(self, text: str, tip: str, slot: Callable[[], object]) -> QToolButton:
         button = QToolButton(self.header)
         button.setText(text)
         button.setToolTip(tip)
@@ -176,7 +182,7 @@ class PaneView(QFrame):
     def refresh_header(self) -> None:
         conv = self.pane.conversation
         self.title_label.setText(self.pane.title)
-        remote = getattr(self.pane, "remote", None)
+        remote = self.pane.remote
         picking = remote is None and bool(self._model_entries)
         self.model_picker.setVisible(picking)
         shown = (tuple(e.id for e in self._model_entries), conv.model_id)
@@ -198,7 +204,7 @@ class PaneView(QFrame):
         self.stop_button.setEnabled(bool(self.pane.busy))
         self._refresh_actions()
 
-    def set_model_entries(self, entries: list[Any]) -> None:
+    def set_model_entries(self, entries: list[ModelEntry]) -> None:
         """The models the header's picker offers (app.models.registry.ModelEntry)."""
         self._model_entries = list(entries)
         self._picker_shows = None
@@ -237,7 +243,7 @@ class PaneView(QFrame):
         self._refresh_actions()
         self._follow = True
 
-    def reply_delta(self, index: int, stats: Any) -> None:
+    def reply_delta(self, index: int, stats: ReplyStats | None) -> None:
         self._live_stats[index] = stats
         self._dirty.add(index)
 

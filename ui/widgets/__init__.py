@@ -1,1 +1,2 @@
-"""ui/widgets."""
+"""Widgets used in more than one place: the sampling form, the chats sidebar.
+"""

@@ -12,6 +12,7 @@ from typing import Any
 
 from engine.entrypoints.openai.server import bind, create_app, model_name_for
 
+
 def _port(text: str) -> int:
     try:
         value = int(text)
@@ -24,15 +25,16 @@ def _port(text: str) -> int:
 
 def add_serve_parser(
     sub: Any,
-    engine_options: argparse.ArgumentParser | None = None,
-    open_engine: Callable[[argparse.Namespace], Any] | None = None,
+    engine_options: argparse.ArgumentParser,
+    open_engine: Callable[[argparse.Namespace], Any],
 ) -> argparse.ArgumentParser:
     """Add `serve` to the CLI's subparsers. `engine_options` is the parent
-    parser with the shared model/device/KV-cache options; `open_engine(args)`
-    builds the Engine from them (with the CLI's loading progress)."""
+    parser with every engine option (engine.config's flags, --max-context
+    included); `open_engine(args)` builds the Engine from them (with the
+    CLI's loading progress)."""
     serve = sub.add_parser(
         "serve",
-        parents=[engine_options] if engine_options is not None else [],
+        parents=[engine_options],
         help="serve the model over an OpenAI-compatible HTTP API",
         description="Serve the model over an OpenAI-compatible HTTP API: GET /v1/models, "
         "POST /v1/chat/completions, POST /v1/completions (streaming or not). "
@@ -41,11 +43,6 @@ def add_serve_parser(
         "    -d '{\"model\": \"SmolLM2-135M-Instruct\", \"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]}'",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    if engine_options is None:
-        serve.add_argument("--model", default="default", metavar="PATH",
-                           help="model folder, .gguf file, or 'default' (default: %(default)s)")
-        serve.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-        serve.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     g = serve.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1",
                    help="address to listen on; 0.0.0.0 exposes the model to your network, so "
@@ -61,7 +58,7 @@ def add_serve_parser(
     return serve
 
 
-def run_serve(args: argparse.Namespace, open_engine: Callable[[argparse.Namespace], Any] | None = None) -> int:
+def run_serve(args: argparse.Namespace, open_engine: Callable[[argparse.Namespace], Any]) -> int:
     """Load the engine, serve until Ctrl-C, close the engine. Exit status."""
     import os
 
@@ -78,12 +75,7 @@ def run_serve(args: argparse.Namespace, open_engine: Callable[[argparse.Namespac
               "pick another --port or stop what uses it", file=sys.stderr)
         return 1
     with sock:
-        if open_engine is not None:
-            engine = open_engine(args)
-        else:
-            from engine.llm import Engine
-
-            engine = Engine(args.model, device=args.device, dtype=args.dtype)
+        engine = open_engine(args)
         try:
             name = args.served_model_name or model_name_for(engine)
             app = create_app(engine, name, api_key=api_key)

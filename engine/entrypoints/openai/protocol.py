@@ -3,8 +3,12 @@
 Parsing turns a decoded JSON body into a `ChatRequest` or `CompletionRequest`
 with every field checked; anything wrong raises `APIError`, which carries the
 HTTP status and the OpenAI-style error body (`{"error": {"message", "type",
-"param", "code"}}`). The builders below make the response objects. Nothing
-here does I/O or touches the engine.
+"param", "code"}}`). Every body the server answers with is built here too:
+the JSON answers of both endpoints, their stream chunks (`ChatChunks`,
+`CompletionChunks`), the final usage chunk, and the errors (a model not
+served, an engine that failed or closed mid-answer, an unknown route).
+Nothing here reads a socket or touches an engine; the handlers hand over
+plain values.
 
 Fields the API defines but this server cannot honour (tools, logprobs, a
 non-zero presence penalty...) are refused with a 400 that names them rather
@@ -17,17 +21,29 @@ it also takes `top_k`, `min_p`, `repetition_penalty` and `ignore_eos`
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 import uuid
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from engine.errors import EngineClosedError
+
+log = logging.getLogger(__name__)
 
 # OpenAI's own limit; each choice is a request of its own in the engine.
 MAX_CHOICES = 128
+# The engine divides float32 logits by the penalty: below about 1e-37 that
+# overflows to inf and the draw fails. Far below any useful value (0.5 already
+# makes the model loop), so the API refuses what the sampler cannot take.
+MIN_REPETITION_PENALTY = 1e-6
 # What the legacy completions endpoint generates when max_tokens is not given.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+# The status of a call whose client left before the answer (nginx's "client
+# closed request"); nobody reads it.
+CLIENT_CLOSED_REQUEST = 499
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
@@ -233,7 +249,7 @@ def _sampling(body: Mapping[str, Any], max_tokens_names: tuple[str, ...]) -> Sam
         top_p=_number(body, "top_p", 1.0, low=0.0, high=1.0, low_open=True),
         top_k=_int(body, "top_k", 0, low=0) if body.get("top_k") != -1 else 0,  # vLLM's "off" is -1
         min_p=_number(body, "min_p", 0.0, low=0.0, high=1.0, high_open=True),
-        repetition_penalty=_number(body, "repetition_penalty", 1.0, low=0.0, low_open=True),
+        repetition_penalty=_number(body, "repetition_penalty", 1.0, low=MIN_REPETITION_PENALTY),
         seed=_int(body, "seed", None),
         stop=_stop(body),
         ignore_eos=_bool(body, "ignore_eos", False),
@@ -397,7 +413,190 @@ def model_card(model_id: str, created: int) -> dict[str, Any]:
     return {"id": model_id, "object": "model", "created": created, "owned_by": "tandem"}
 
 
+def model_list(cards: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"object": "list", "data": cards}
+
+
 def finish_reason(engine_reason: str) -> str:
     # An aborted request only reaches a client when the server shuts down
     # under it; "stop" would claim the model ended its answer.
     return {"stop": "stop", "length": "length"}.get(engine_reason, "abort")
+
+
+class FinishedChoice(Protocol):
+    """What an answer needs of one finished choice (the engine's RequestOutput is one)."""
+
+    text: str
+    finish_reason: str  # the engine's reason: "stop", "length", "abort", "error"
+
+
+@dataclass(slots=True, frozen=True)
+class ResponseHead:
+    """What every body of one answer repeats: its id, when it was made, the model id."""
+
+    id: str
+    created: int
+    model: str
+
+    @classmethod
+    def new(cls, prefix: str, model: str) -> ResponseHead:
+        """A fresh answer's head; `prefix` is "chatcmpl" or "cmpl", as OpenAI's ids start."""
+        return cls(new_id(prefix), now(), model)
+
+    def fields(self, kind: str) -> dict[str, Any]:
+        """The head as a body's first fields; `kind` is the body's "object"."""
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
+                "system_fingerprint": None}
+
+
+def chat_completion(head: ResponseHead, outputs: Sequence[FinishedChoice], usage: dict[str, Any]) -> dict[str, Any]:
+    """The JSON answer of a chat completion, choice i being `outputs[i]`."""
+    return {
+        **head.fields("chat.completion"),
+        "choices": [{
+            "index": i,
+            "message": {"role": "assistant", "content": o.text},
+            "logprobs": None,
+            "finish_reason": finish_reason(o.finish_reason),
+        } for i, o in enumerate(outputs)],
+        "usage": usage,
+    }
+
+
+def completion(head: ResponseHead, outputs: Sequence[FinishedChoice], usage: dict[str, Any]) -> dict[str, Any]:
+    """The JSON answer of a (legacy) text completion, choice i being `outputs[i]`."""
+    return {
+        **head.fields("text_completion"),
+        "choices": [{
+            "index": i, "text": o.text, "logprobs": None,
+            "finish_reason": finish_reason(o.finish_reason),
+        } for i, o in enumerate(outputs)],
+        "usage": usage,
+    }
+
+
+class StreamChunks(Protocol):
+    """The chunks of one streamed answer, in the order a stream sends them:
+    `text` and `finish` for each choice, then `usage` when `include_usage`."""
+
+    include_usage: bool
+
+    def text(self, index: int, text: str) -> dict[str, Any]: ...
+
+    def finish(self, index: int, engine_reason: str) -> dict[str, Any]: ...
+
+    def usage(self, usage: dict[str, Any]) -> dict[str, Any]: ...
+
+
+@dataclass(slots=True)
+class ChatChunks:
+    """The `chat.completion.chunk`s of one streamed chat completion.
+
+    A choice's first delta carries the role, as OpenAI's do; a choice that
+    ends without any text still sends it, with empty content. With
+    `include_usage`, every chunk carries `"usage": null` and a last chunk
+    without choices carries the usage."""
+
+    head: ResponseHead
+    include_usage: bool
+    _started: set[int] = field(default_factory=set)
+
+    def text(self, index: int, text: str) -> dict[str, Any]:
+        if index in self._started:
+            delta = {"content": text}
+        else:
+            delta = {"role": "assistant", "content": text}
+            self._started.add(index)
+        return self._chunk(index, delta, None)
+
+    def finish(self, index: int, engine_reason: str) -> dict[str, Any]:
+        delta = {} if index in self._started else {"role": "assistant", "content": ""}
+        return self._chunk(index, delta, finish_reason(engine_reason))
+
+    def usage(self, usage: dict[str, Any]) -> dict[str, Any]:
+        return usage_chunk(self.head, "chat.completion.chunk", usage)
+
+    def _chunk(self, index: int, delta: dict[str, str], reason: str | None) -> dict[str, Any]:
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
+        return _stream_chunk(self.head, "chat.completion.chunk", choice, self.include_usage)
+
+
+@dataclass(slots=True)
+class CompletionChunks:
+    """The `text_completion` chunks of one streamed text completion (usage as in `ChatChunks`)."""
+
+    head: ResponseHead
+    include_usage: bool
+
+    def text(self, index: int, text: str) -> dict[str, Any]:
+        choice = {"index": index, "text": text, "logprobs": None, "finish_reason": None}
+        return _stream_chunk(self.head, "text_completion", choice, self.include_usage)
+
+    def finish(self, index: int, engine_reason: str) -> dict[str, Any]:
+        choice = {"index": index, "text": "", "logprobs": None, "finish_reason": finish_reason(engine_reason)}
+        return _stream_chunk(self.head, "text_completion", choice, self.include_usage)
+
+    def usage(self, usage: dict[str, Any]) -> dict[str, Any]:
+        return usage_chunk(self.head, "text_completion", usage)
+
+
+def _stream_chunk(head: ResponseHead, kind: str, choice: dict[str, Any], include_usage: bool) -> dict[str, Any]:
+    # With include_usage, OpenAI sends "usage": null on every chunk but the last.
+    extra = {"usage": None} if include_usage else {}
+    return {**head.fields(kind), "choices": [choice], **extra}
+
+
+def usage_chunk(head: ResponseHead, kind: str, usage: dict[str, Any]) -> dict[str, Any]:
+    """The last chunk of a stream asked for `include_usage`: no choices, the usage."""
+    return {**head.fields(kind), "choices": [], "usage": usage}
+
+
+# -- errors the server answers with ------------------------------------------------
+
+
+def engine_failure(error: Exception, model: str | None = None) -> APIError:
+    """The answer to a call whose engine failed under it: a 503 when the
+    engine was closed (the model unloaded, the server stopping), else a 500."""
+    if isinstance(error, EngineClosedError):
+        what = f"The model '{model}'" if model else "The model"
+        return APIError(503, f"{what} was unloaded, or the server is shutting down, before the "
+                        "answer was complete; try again later.",
+                        type="server_error", code="engine_closed")
+    log.error("generation failed: %s", error)
+    return APIError(500, f"The model failed while generating: {error}", type="server_error",
+                    code="internal_error")
+
+
+def model_not_found(model: str, served: Sequence[str]) -> APIError:
+    """A request for a model id that is not served; the message names those that are."""
+    if not served:
+        serving = "it has no model loaded right now"
+    elif len(served) == 1:
+        serving = f"it serves '{served[0]}'"
+    else:
+        serving = "it serves " + ", ".join(f"'{i}'" for i in served[:10]) + (", ..." if len(served) > 10 else "")
+    return APIError(
+        404,
+        f"The model '{model}' does not exist on this server or is not loaded; {serving} "
+        "(see GET /v1/models).",
+        param="model",
+        code="model_not_found",
+    )
+
+
+def route_error(status: int, method: str, path: str, detail: str) -> APIError:
+    """An HTTP-level refusal (unknown endpoint, wrong method) in the API's error shape."""
+    if status == 404:
+        message = f"Unknown endpoint {method} {path}; this server has " \
+                  "/v1/models, /v1/chat/completions and /v1/completions."
+    elif status == 405:
+        message = f"{method} is not allowed on {path}."
+    else:
+        message = detail
+    return APIError(status, message, code=None)
+
+
+def internal_error(exc: BaseException) -> APIError:
+    """The answer to a bug in the server itself (logged where it is caught)."""
+    return APIError(500, f"Internal server error: {type(exc).__name__}: {exc}",
+                    type="server_error", code="internal_error")

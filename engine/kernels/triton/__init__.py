@@ -1,1 +1,2 @@
-"""engine/kernels/triton."""
+"""Triton kernels for CUDA: paged attention (attention) and the weight-only quantized product (quant).
+"""

@@ -1,0 +1,80 @@
+"""The chat store's current schema: its version and the statements that create it.
+
+The version is SQLite's `PRAGMA user_version`. A new store is created from
+these statements directly; an older one is brought here step by step by
+app.store.migrations. Changing the schema means: bump SCHEMA_VERSION, change
+the statements below, and add the one migration step from the previous
+version (tests/app/test_store_migrations.py checks that a migrated store
+ends up with exactly the schema a new one has).
+
+Schema history
+--------------
+v1  conversations(id, title, created_at, updated_at, system_prompt, params,
+    model_id, kept_ids TEXT json), messages(conversation_id, position, role,
+    text, token_ids TEXT json, state, stats, error, created_at, turn_mark),
+    meta(key, value). One model per conversation, token ids as JSON text.
+v2  token ids packed as little-endian int32 BLOBs (4 bytes a token instead
+    of ~6 characters, no JSON parse on load); conversations gain
+    context_policy and deleted_at (soft delete, undoable); messages gain
+    model_id and params (each reply remembers the model and sampling that
+    wrote it; v1 replies get their conversation's model, params unknown);
+    the layout table (the panes that were open).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+SCHEMA_VERSION = 2
+
+CREATE_CONVERSATIONS = """
+CREATE TABLE conversations (
+    id TEXT PRIMARY KEY NOT NULL,
+    title TEXT NOT NULL DEFAULT '',
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    system_prompt TEXT NOT NULL DEFAULT '',
+    params TEXT NOT NULL DEFAULT '{}',
+    model_id TEXT NOT NULL DEFAULT 'default',
+    context_policy TEXT NOT NULL DEFAULT 'stop',
+    kept_ids BLOB NOT NULL DEFAULT x'',
+    deleted_at REAL
+)"""
+
+CREATE_MESSAGES = """
+CREATE TABLE messages (
+    conversation_id TEXT NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+    position INTEGER NOT NULL,
+    role TEXT NOT NULL,
+    text TEXT NOT NULL,
+    token_ids BLOB NOT NULL DEFAULT x'',
+    state TEXT NOT NULL,
+    model_id TEXT,
+    params TEXT,
+    stats TEXT,
+    error TEXT,
+    created_at REAL NOT NULL,
+    turn_mark INTEGER,
+    PRIMARY KEY (conversation_id, position)
+)"""
+
+CREATE_LAYOUT = """
+CREATE TABLE layout (
+    position INTEGER PRIMARY KEY NOT NULL,
+    conversation_id TEXT NOT NULL,
+    title TEXT NOT NULL DEFAULT '',
+    remote_base_url TEXT,
+    remote_model TEXT,
+    remote_api_key TEXT,
+    width INTEGER
+)"""
+
+CREATE_META = "CREATE TABLE meta (key TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL)"
+
+CREATE_INDEXES = ("CREATE INDEX conversations_by_update ON conversations (updated_at DESC)",)
+
+
+def create_schema(conn: sqlite3.Connection) -> None:
+    """Create the current schema's tables in an empty database (inside the caller's transaction)."""
+    for statement in (CREATE_CONVERSATIONS, CREATE_MESSAGES, CREATE_LAYOUT, CREATE_META, *CREATE_INDEXES):
+        conn.execute(statement)

@@ -1,0 +1,145 @@
+"""The chat store's migrations, one step at a time, on databases built here.
+
+Each step gets a store of the version it starts from, written with that
+version's own schema and data, and must leave every row readable at the next
+version; all steps together must arrive at exactly the schema a new store has.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from app.store import migrations
+from app.store.chat_store import ChatStore
+from app.store.records import pack_ids, unpack_ids
+from app.store.schema import SCHEMA_VERSION, create_schema
+from tests.app.fixtures.make_chats_v1 import SCHEMA_V1
+
+CONV = "c" * 32
+OTHER = "d" * 32
+PARAMS = json.dumps({"temperature": 0.5, "top_k": 40, "stop": ["\n\nUser:"]})
+STATS = json.dumps({"generated_tokens": 3, "tokens_per_s": 9.5, "ttft_s": 0.25, "prompt_tokens": 8,
+                    "cached_prompt_tokens": 0, "finish_reason": "stop", "elapsed_s": 0.5})
+
+
+def build_v1(path: Path) -> None:
+    """A version-1 store: one model per conversation, token ids as JSON text, a damaged ids value."""
+    conn = sqlite3.connect(path)
+    conn.executescript(SCHEMA_V1)
+    conn.executemany(
+        "INSERT INTO conversations VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            (CONV, "Trip", 100.0, 200.0, "Be brief.", PARAMS, "smollm", json.dumps([1, 2, 3, 2**31 - 1])),
+            (OTHER, "Ünïcode ☕", 300.0, 400.0, "", "{}", "default", "not json"),
+        ],
+    )
+    conn.executemany(
+        "INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            (CONV, 0, "user", "Where to?", "[]", "complete", None, None, 101.0, None),
+            (CONV, 1, "assistant", "Paris.", json.dumps([7, 8, 9]), "complete", STATS, None, 102.0, 4),
+            (CONV, 2, "user", "Then?", "[]", "complete", None, None, 103.0, None),
+            (CONV, 3, "assistant", "Ly", json.dumps([10]), "streaming", None, None, 104.0, None),
+            (OTHER, 0, "user", "Bonjour ☕", json.dumps(["x"]), "complete", None, None, 301.0, None),
+            (OTHER, 1, "assistant", "", "[]", "error", None, "Out of memory.", 302.0, None),
+        ],
+    )
+    conn.execute("INSERT INTO meta VALUES ('session', 'clean')")
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    conn.close()
+
+
+def schema_of(conn: sqlite3.Connection) -> dict[str, object]:
+    """Every table's columns, keys, foreign keys and indexes, as SQLite reports them."""
+    tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+    shape: dict[str, object] = {}
+    for table in tables:
+        indexes = sorted(
+            (name, unique, [c[2] for c in conn.execute(f"PRAGMA index_info('{name}')")])
+            for _, name, unique, origin, _ in conn.execute(f"PRAGMA index_list('{table}')")
+            if origin == "c"  # declared with CREATE INDEX (automatic ones follow from the columns)
+        )
+        shape[table] = {
+            "columns": conn.execute(f"PRAGMA table_info('{table}')").fetchall(),
+            "foreign_keys": conn.execute(f"PRAGMA foreign_key_list('{table}')").fetchall(),
+            "indexes": indexes,
+        }
+    return shape
+
+
+def test_every_version_has_one_step_in_order() -> None:
+    assert sorted(migrations.STEPS) == list(range(1, SCHEMA_VERSION))
+    with pytest.raises(ValueError, match="no migration from schema version 0"):
+        migrations.migrate(sqlite3.connect(":memory:"), 0)
+    with pytest.raises(ValueError, match=f"no migration from schema version {SCHEMA_VERSION + 1}"):
+        migrations.migrate(sqlite3.connect(":memory:"), SCHEMA_VERSION + 1)
+
+
+def test_v1_to_v2_keeps_every_row(tmp_path: Path) -> None:
+    path = tmp_path / "v1.sqlite3"
+    build_v1(path)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("BEGIN")
+    migrations.migrate_v1_to_v2(conn)
+    conn.execute("COMMIT")
+
+    conversations = conn.execute(
+        """SELECT id, title, created_at, updated_at, system_prompt, params, model_id, context_policy,
+                  kept_ids, deleted_at FROM conversations ORDER BY id"""
+    ).fetchall()
+    assert [row[:8] for row in conversations] == [
+        (CONV, "Trip", 100.0, 200.0, "Be brief.", PARAMS, "smollm", "stop"),
+        (OTHER, "Ünïcode ☕", 300.0, 400.0, "", "{}", "default", "stop"),
+    ]
+    # Token ids packed as int32 (the largest one whole); a value that was never a list becomes empty.
+    assert [unpack_ids(row[8]) for row in conversations] == [[1, 2, 3, 2**31 - 1], []]
+    assert conversations[0][8] == pack_ids([1, 2, 3, 2**31 - 1])
+    assert [row[9] for row in conversations] == [None, None]  # nothing deleted
+
+    messages = conn.execute(
+        """SELECT conversation_id, position, role, text, token_ids, state, model_id, params, stats, error,
+                  created_at, turn_mark FROM messages ORDER BY conversation_id, position"""
+    ).fetchall()
+    assert [(m[0], m[1], m[2], m[3], unpack_ids(m[4]), m[5]) for m in messages] == [
+        (CONV, 0, "user", "Where to?", [], "complete"),
+        (CONV, 1, "assistant", "Paris.", [7, 8, 9], "complete"),
+        (CONV, 2, "user", "Then?", [], "complete"),
+        (CONV, 3, "assistant", "Ly", [10], "streaming"),
+        (OTHER, 0, "user", "Bonjour ☕", [], "complete"),  # ["x"] is not token ids
+        (OTHER, 1, "assistant", "", [], "error"),
+    ]
+    # A v1 reply was written by its conversation's one model; its sampling is not known.
+    assert [(m[2], m[6], m[7]) for m in messages] == [
+        ("user", None, None), ("assistant", "smollm", None), ("user", None, None),
+        ("assistant", "smollm", None), ("user", None, None), ("assistant", "default", None),
+    ]
+    assert [(m[8], m[9], m[10], m[11]) for m in messages] == [
+        (None, None, 101.0, None), (STATS, None, 102.0, 4), (None, None, 103.0, None),
+        (None, None, 104.0, None), (None, None, 301.0, None), (None, "Out of memory.", 302.0, None),
+    ]
+    assert conn.execute("SELECT key, value FROM meta").fetchall() == [("session", "clean")]
+    assert conn.execute("SELECT count(*) FROM layout").fetchone() == (0,)
+    assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
+    assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    conn.close()
+
+
+def test_migrating_arrives_at_the_schema_a_new_store_has(tmp_path: Path) -> None:
+    old = tmp_path / "old.sqlite3"
+    build_v1(old)
+    with ChatStore.open(old, recover=False) as store:
+        assert store.schema_version == SCHEMA_VERSION and store.open_warning is None
+        migrated = schema_of(store._conn)
+        assert [s.title for s in store.list_conversations()] == ["Ünïcode ☕", "Trip"]
+        trip = store.load_conversation(CONV)
+        assert [m.text for m in trip.messages] == ["Where to?", "Paris.", "Then?", "Ly"]
+        assert trip.messages[3].state == "interrupted"  # cut short in v1, as any reply saved mid-stream
+        assert trip.params.top_k == 40 and trip.params.stop == ("\n\nUser:",)
+    fresh = sqlite3.connect(":memory:")
+    create_schema(fresh)
+    assert migrated == schema_of(fresh)

@@ -1,0 +1,62 @@
+"""The model dropdown of a pane's header: the registry's models, a missing one greyed out."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from PySide6.QtCore import QSize, Qt, Signal
+from PySide6.QtWidgets import QComboBox, QWidget
+
+from engine.progress import display_path
+
+if TYPE_CHECKING:
+    from app.models.registry import ModelEntry
+
+
+class ModelPicker(QComboBox):
+    """The model dropdown of a pane's header; `model_chosen(id)` when the user picks one."""
+
+    model_chosen = Signal(str)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setAccessibleName("Model")
+        self.setToolTip("The model this pane runs")
+        self.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+        self._current: str | None = None
+        self.activated.connect(self._on_activated)
+
+    def set_models(self, entries: Sequence[ModelEntry], current_id: str | None) -> None:
+        """Show `entries`, `current_id` selected; emits nothing."""
+        self.blockSignals(True)
+        try:
+            self.clear()
+            for entry in entries:
+                available = entry.available()
+                self.addItem(entry.name if available else f"{entry.name} (missing)", entry.id)
+                index = self.count() - 1
+                where = display_path(entry.path) if entry.path else "Built into Tandem"
+                self.setItemData(index, f"{entry.kind_label}: {where}", Qt.ItemDataRole.ToolTipRole)
+                if not available:
+                    # Greyed out and not selectable: its files are gone.
+                    self.model().item(index).setEnabled(False)  # type: ignore[attr-defined]
+            index = self.findData(current_id) if current_id is not None else -1
+            self.setCurrentIndex(index)
+            self._current = current_id if index >= 0 else None
+        finally:
+            self.blockSignals(False)
+
+    def current_id(self) -> str | None:
+        return self._current
+
+    def _on_activated(self, index: int) -> None:
+        model_id = self.itemData(index)
+        if model_id is None or model_id == self._current:
+            return
+        self._current = model_id
+        self.model_chosen.emit(model_id)
+
+    def sizeHint(self) -> QSize:  # noqa: N802
+        hint = super().sizeHint()
+        return QSize(min(hint.width(), self.fontMetrics().averageCharWidth() * 36), hint.height())

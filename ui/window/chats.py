@@ -1,0 +1,153 @@
+"""The saved chats beside the panes: the Chats sidebar over the chat store.
+
+Reads run on the GUI thread's own connection (quick); writes are queued for
+the store's writer thread, and the sidebar refreshes once they are in, so
+the GUI thread never waits for a transaction in progress.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtWidgets import QAbstractItemView, QDockWidget, QWidget
+
+from ui.widgets.sidebar import ChatSidebar
+
+if TYPE_CHECKING:
+    from app.store.chat_store import ChatStore, ConversationSummary
+    from app.store.session import ChatSession
+    from ui.window.main_window import MainWindow
+
+
+class SidebarStore:
+    """The sidebar's view of the chat store; `written()` is called once a
+    queued write is in, to refresh the list."""
+
+    def __init__(self, session: ChatSession, written: Callable[[], None]) -> None:
+        self._session = session
+        self._written = written
+
+    def list_conversations(self, search: str | None = None) -> list[ConversationSummary]:
+        # Empty chats (a pane nobody wrote in yet) are not worth listing.
+        return [c for c in self._session.store.list_conversations(search) if c.message_count]
+
+    def rename(self, conversation_id: str, title: str) -> None:
+        self._write(lambda store: store.rename(conversation_id, title))
+
+    def delete(self, conversation_id: str) -> None:
+        self._write(lambda store: store.delete(conversation_id))
+
+    def undelete(self, conversation_id: str) -> None:
+        self._write(lambda store: store.undelete(conversation_id))
+
+    def _write(self, fn: Callable[[ChatStore], None]) -> None:
+        self._session.writer.submit(fn)
+        self._written()
+
+
+class ChatsLink:
+    """The sidebar and its dock (none without a chat store), kept in step with the panes."""
+
+    def __init__(self, window: MainWindow, session: ChatSession | None) -> None:
+        self._window = window
+        self._session = session
+        self._refresh_pending = False
+        self.sidebar: ChatSidebar | None = None
+        self.dock: QDockWidget | None = None
+        if session is None:
+            return
+        self.sidebar = ChatSidebar(SidebarStore(session, self.changed), window)
+        self.sidebar.open_requested.connect(self.open)
+        self.sidebar.new_requested.connect(window.new_chat)
+        self.sidebar.renamed.connect(self._renamed)
+        self.sidebar.deleted.connect(self._deleted)
+        self.dock = QDockWidget("Chats", window)
+        self.dock.setObjectName("chatsDock")
+        self.dock.setWidget(self.sidebar)
+        self.dock.setTitleBarWidget(QWidget())  # the sidebar has its own heading; Ctrl+B hides it
+        self.dock.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetClosable)
+        self.dock.setAllowedAreas(Qt.DockWidgetArea.LeftDockWidgetArea)
+        window.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, self.dock)
+        window.resizeDocks([self.dock], [window.fontMetrics().averageCharWidth() * 40], Qt.Orientation.Horizontal)
+
+    def set_open(self, conversation_ids: list[str]) -> None:
+        """Mark the chats open in a pane."""
+        if self.sidebar is not None:
+            self.sidebar.set_open(conversation_ids)
+
+    def open(self, conversation_id: str) -> None:
+        """Show a saved conversation: focus its pane when it is open, else open it in a new pane."""
+        window = self._window
+        for view in window.panes.values():
+            if view.pane.conversation.id == conversation_id:
+                window.set_current_pane(view.pane_id)
+                view.setFocus()
+                return
+        if self._session is None:
+            return
+        try:
+            conversation = self._session.load_conversation(conversation_id)
+            pane = window.workspace.open_conversation(conversation, after=window.current_pane_id)
+        except Exception as exc:
+            window.report_error("Opening the chat", exc)
+            return
+        window.set_current_pane(pane.id)
+        window.apply_engine_state(window.workspace.pane_model_state(pane.id), None, None)
+
+    def changed(self) -> None:
+        """Refresh the sidebar once the writes queued so far are in the store:
+        a marker job behind them posts the refresh back to this thread. A
+        marker that finds a refresh already posted (and not yet run) posts
+        none: that refresh reads the store after this marker's writes too."""
+        if self.sidebar is None or self._session is None or self._window.shutdown_started:
+            return
+        loop = asyncio.get_event_loop()
+
+        def written(_store: ChatStore) -> None:  # on the writer thread
+            if self._refresh_pending:
+                return
+            self._refresh_pending = True
+            try:
+                loop.call_soon_threadsafe(self._refresh)
+            except RuntimeError:  # the loop has closed
+                pass
+
+        self._session.writer.submit(written)
+
+    def _refresh(self) -> None:
+        self._refresh_pending = False  # before reading: a later marker posts again
+        if self.sidebar is None or self._window.shut_down:
+            return
+        if self.sidebar.list.state() == QAbstractItemView.State.EditingState:
+            QTimer.singleShot(1000, self.changed)  # not under a rename being typed
+            return
+        self.sidebar.refresh()
+
+    def search(self) -> None:
+        if self.sidebar is None or self.dock is None:
+            return
+        self.dock.show()
+        self.sidebar.focus_search()
+
+    def _renamed(self, conversation_id: str, title: str) -> None:
+        for view in self._window.panes.values():
+            if view.pane.conversation.id == conversation_id:
+                view.pane.conversation.title = title
+                view.refresh_header()
+
+    def _deleted(self, conversation_id: str) -> None:
+        """A deleted chat leaves its pane (the last pane starts a new chat instead)."""
+        window = self._window
+        for view in list(window.panes.values()):
+            if view.pane.conversation.id != conversation_id:
+                continue
+            window.workspace.stop(view.pane_id)
+            if len(window.panes) > 1:
+                window.close_pane_now(view.pane_id)
+            else:
+                pane = window.workspace.add_pane()
+                window.close_pane_now(view.pane_id)
+                window.set_current_pane(pane.id)

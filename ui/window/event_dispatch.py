@@ -1,0 +1,151 @@
+"""What each workspace event does to the window: one handler per event type.
+
+The workspace (app/) reports every change as an event on the GUI thread;
+`WorkspaceEventRouter` looks the handler up by the event's type. A handler
+that fails is logged and the next event is still shown: a view bug must
+not break the workspace's event delivery.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from app import events as ev
+from ui.panes.pane_view import PaneView
+
+if TYPE_CHECKING:
+    from app.workspace.workspace import Pane
+    from ui.window.main_window import MainWindow
+
+log = logging.getLogger(__name__)
+
+
+class WorkspaceEventRouter:
+    """Subscribe it to the workspace: `workspace.subscribe(router)`."""
+
+    def __init__(self, window: MainWindow) -> None:
+        self._window = window
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            ev.ReplyDelta: self._reply_delta,
+            ev.ReplyFinished: self._reply_finished,
+            ev.MessageAppended: self._message_appended,
+            ev.MessagesTruncated: self._messages_truncated,
+            ev.PaneUpdated: self._pane_updated,
+            ev.PaneAdded: self._pane_added,
+            ev.PaneClosed: self._pane_closed,
+            ev.PanesReordered: self._panes_reordered,
+            ev.EngineStateChanged: self._engine_state_changed,
+        }
+
+    def __call__(self, event: ev.WorkspaceEvent) -> None:
+        handler = self._handlers.get(type(event))
+        if handler is None:
+            log.debug("window ignores %r", event)
+            return
+        try:
+            handler(event)
+        except Exception:  # a view bug must not break the workspace's event delivery
+            log.exception("window failed to show %r", event)
+
+    # -- the messages of a pane ------------------------------------------------------
+
+    def _reply_delta(self, event: ev.ReplyDelta) -> None:
+        window = self._window
+        view = window.panes.get(event.pane_id)
+        if view is not None:
+            view.reply_delta(event.index, event.stats)
+            window.repaint_soon()
+
+    def _reply_finished(self, event: ev.ReplyFinished) -> None:
+        window = self._window
+        view = window.panes.get(event.pane_id)
+        if view is not None:
+            view.reply_finished(event.index)
+        window.chats.changed()
+        window.update_streaming()
+        window.compare.refresh()
+
+    def _message_appended(self, event: ev.MessageAppended) -> None:
+        view = self._window.panes.get(event.pane_id)
+        if view is not None:
+            view.message_appended(event.index)
+        self._window.chats.changed()
+
+    def _messages_truncated(self, event: ev.MessagesTruncated) -> None:
+        view = self._window.panes.get(event.pane_id)
+        if view is not None:
+            view.messages_truncated(event.length)
+        self._window.compare.refresh()
+
+    # -- the panes -------------------------------------------------------------------
+
+    def _pane_updated(self, event: ev.PaneUpdated) -> None:
+        window = self._window
+        view = window.panes.get(event.pane_id)
+        if view is not None:
+            view.model_state = window.workspace.pane_model_state(event.pane_id)
+            view.refresh_header()
+            view.refresh_context()
+        window.update_streaming()
+        window.sync_pane_lists()
+        window.refresh_ready()
+
+    def _pane_added(self, event: ev.PaneAdded) -> None:
+        self.add_pane_view(event.pane, event.index)
+        self._window.refresh_ready()
+
+    def add_pane_view(self, pane: Pane, index: int) -> None:
+        window = self._window
+        if pane.id in window.panes:
+            return
+        view = PaneView(pane, window.models.name(), window.splitter)
+        view.stop_requested.connect(window.stop_pane)
+        view.close_requested.connect(window.close_pane)
+        view.settings_requested.connect(window.commands.open_settings)
+        view.regenerate_requested.connect(window.commands.regenerate)
+        view.edit_requested.connect(window.commands.edit_message)
+        view.fork_requested.connect(window.fork)
+        view.activated.connect(window.set_current_pane)
+        view.model_chosen.connect(window.models.choose)
+        if window.registry is not None:
+            view.set_model_entries(window.models.entries())
+        view.model_state = window.workspace.pane_model_state(pane.id)
+        view.refresh_header()
+        window.panes[pane.id] = view
+        window.splitter.insertWidget(index, view)
+        window.splitter.setSizes([1000] * window.splitter.count())
+        window.sync_pane_lists()
+        if window.current_pane_id is None:
+            window.set_current_pane(pane.id)
+
+    def _pane_closed(self, event: ev.PaneClosed) -> None:
+        window = self._window
+        view = window.panes.pop(event.pane_id, None)
+        if view is not None:
+            view.hide()
+            view.setParent(None)
+            view.deleteLater()
+            if window.current_pane_id == event.pane_id:
+                window.current_pane_id = None
+                order = window.pane_order()
+                if order:
+                    window.set_current_pane(order[0])
+            window.sync_pane_lists()
+            window.update_streaming()
+        window.refresh_ready()
+
+    def _panes_reordered(self, event: ev.PanesReordered) -> None:
+        window = self._window
+        for position, pid in enumerate(event.order):
+            view = window.panes.get(pid)
+            if view is not None and window.splitter.indexOf(view) != position:
+                window.splitter.insertWidget(position, view)
+        window.sync_pane_lists()
+
+    # -- the models ------------------------------------------------------------------
+
+    def _engine_state_changed(self, event: ev.EngineStateChanged) -> None:
+        self._window.apply_engine_state(event.state, event.progress, event.error)
+        self._window.server_control.engines_changed()

@@ -1,0 +1,94 @@
+"""The window's saved settings: Preferences, the theme, and the window's geometry.
+
+`settings` are the saved ones (written back on change and at close);
+`engine_settings` what this run loads models with (the saved ones plus
+command-line choices): a preference changes both.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from PySide6.QtCore import QByteArray
+from PySide6.QtWidgets import QApplication
+
+from ui.theme import apply_theme
+
+if TYPE_CHECKING:
+    from app.settings import Settings
+    from ui.dialogs.settings_dialog import SettingsDialog
+    from ui.window.main_window import MainWindow
+
+log = logging.getLogger(__name__)
+
+# What Preferences edits; the engine's fields apply at the next model load.
+ENGINE_KEYS = ("device", "dtype", "threads", "kv_cache_mb", "page_size")
+PREFERENCE_KEYS = (*ENGINE_KEYS, "default_params", "default_system_prompt", "context_policy", "theme")
+
+
+class WindowPreferences:
+    def __init__(self, window: MainWindow, *, save: bool) -> None:
+        self._window = window
+        self._save = save
+        self.dialog: SettingsDialog | None = None
+
+    def open(self) -> None:
+        from ui.dialogs.settings_dialog import open_settings_dialog
+
+        if self.dialog is not None:
+            self.dialog.raise_()
+            return
+        window = self._window
+
+        def accepted(new: Settings) -> None:
+            engine_changes = any(getattr(new, k) != getattr(window.settings, k) for k in ENGINE_KEYS)
+            for key in PREFERENCE_KEYS:
+                setattr(window.settings, key, getattr(new, key))
+                setattr(window.engine_settings, key, getattr(new, key))
+            apply_theme(QApplication.instance(), new.theme)
+            self.persist()
+            if engine_changes:
+                window.statusBar().showMessage(
+                    "Saved. Engine settings apply the next time a model loads (Models → Load this pane's model).", 15000
+                )
+
+        dialog = open_settings_dialog(window.settings, window, accepted)
+        self.dialog = dialog
+        dialog.finished.connect(self._closed)
+
+    def _closed(self, _result: int) -> None:
+        self.dialog = None
+
+    def uses_theme(self, theme: str) -> bool:
+        return self._window.settings.theme == theme
+
+    def set_theme(self, theme: str) -> None:
+        window = self._window
+        window.settings.theme = theme
+        window.engine_settings.theme = theme
+        apply_theme(QApplication.instance(), theme)
+        self.persist()
+
+    def follow_color_scheme(self, *_: object) -> None:
+        """The desktop switched light/dark: follow it when the theme says "system"."""
+        if self.uses_theme("system"):
+            apply_theme(QApplication.instance(), "system")
+
+    def restore_geometry(self) -> None:
+        state = self._window.settings.ui_state or {}
+        geometry = state.get("geometry")
+        if isinstance(geometry, str):
+            self._window.restoreGeometry(QByteArray.fromBase64(geometry.encode("ascii")))
+
+    def persist(self) -> None:
+        if not self._save:
+            return
+        window = self._window
+        try:
+            state = dict(window.settings.ui_state or {})
+            state["geometry"] = bytes(window.saveGeometry().toBase64().data()).decode("ascii")
+            window.settings.ui_state = state
+            window.settings.save()
+        except Exception as exc:  # a read-only config folder must not stop the app closing
+            log.warning("could not save settings: %s", exc)
