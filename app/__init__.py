@@ -18,7 +18,12 @@ app.settings      Settings (defaults in code, one JSON file in the config
 app.errors        AppError and its subclasses; each message can be shown to
                   the user as it is.
 app.events        The events Workspace.subscribe callbacks receive.
-app.files         write_text_atomically (export files, never half written).
+app.files         write_text_atomically (a user's file: regular files only,
+                  never half written, 0600; UnsafeOutputError otherwise) and
+                  make_private_file (Tandem's own files, tightened to 0600).
+app.secrets       default_secrets(): API keys in the OS keyring where one is
+                  usable, else a 0600 file in the config folder; never in the
+                  chat store.
 
 app.workspace     What the window shows, without widgets:
   .workspace        Workspace (Pane, Turn, ModelSlot re-exported from the

@@ -8,6 +8,10 @@ never stops the application: the valid values are used, the rest fall back to
 their defaults, the file is kept aside as `settings.json.bad` for the user to
 look at, and `load_warning` says what happened.
 
+The config folder is private (0700) and the file in it 0600, like every
+file Tandem writes (app.files); an existing looser one is tightened when the
+settings are read.
+
 The rules for each value live in one table (`_RULES`), used both when the
 file is read and when the settings dialog checks what the user typed, so the
 two never disagree: `check_value(key, value)` says why a value is refused,
@@ -28,7 +32,7 @@ import platformdirs
 
 from app.workspace.conversation import CONTEXT_POLICIES
 from app.errors import AppError
-from app.files import write_text_atomically
+from app.files import make_private_file, make_private_folder, write_text_atomically
 from engine.config import DEVICES, DTYPES, EngineConfig
 from engine.params import InvalidSamplingParams, SamplingParams
 
@@ -56,6 +60,19 @@ def config_dir() -> Path:
 
 def settings_path() -> Path:
     return config_dir() / SETTINGS_FILE_NAME
+
+
+def ensure_config_dir() -> Path:
+    """`config_dir()`, created private (0700) or tightened to that; returns it. Raises OSError."""
+    return make_private_folder(config_dir())
+
+
+def _prepare_folder(folder: Path) -> None:
+    """A settings file's folder: created 0700 when missing; the config folder tightened to that.
+
+    A folder that exists and is not Tandem's config folder keeps its mode."""
+    if folder == config_dir() or not folder.exists():
+        make_private_folder(folder)
 
 
 @dataclass(slots=True)
@@ -92,10 +109,13 @@ class Settings:
             return cls()
         except (OSError, UnicodeDecodeError) as exc:
             return cls._bad_file(path, f"it cannot be read ({exc})")
+        _tighten(path)
         try:
             raw = json.loads(raw_text)
         except json.JSONDecodeError as exc:
             return cls._bad_file(path, f"it is not valid JSON (line {exc.lineno}: {exc.msg})")
+        except RecursionError:
+            return cls._bad_file(path, "it nests its JSON too deeply")
         if not isinstance(raw, dict):
             return cls._bad_file(path, "it does not hold a JSON object")
         settings, problems = cls.from_dict(raw)
@@ -190,7 +210,7 @@ class Settings:
         """
         self.validate()
         path = Path(path) if path is not None else settings_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _prepare_folder(path.parent)
         return write_text_atomically(path, json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n")
 
     def engine_kwargs(self) -> dict[str, Any]:
@@ -278,6 +298,16 @@ def check_value(key: str, value: Any) -> str | None:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _tighten(path: Path) -> None:
+    """A settings file an older Tandem wrote 0644 (and its folder, when it is the config folder) made private."""
+    make_private_file(path)
+    if path.parent == config_dir():
+        try:
+            make_private_folder(path.parent)
+        except OSError:  # read-only: the settings are still usable
+            pass
 
 
 def _keep_aside(path: Path) -> Path | None:

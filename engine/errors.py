@@ -19,6 +19,11 @@ class PickleCheckpointError(ModelLoadError):
     """Only pickle checkpoints (.bin/.pt) were found; they can execute code on load."""
 
 
+class InvalidModelConfigError(ModelLoadError):
+    """A model configuration that cannot describe a real model (zero or
+    non-dividing heads, absurd sizes, layers the tensors do not have)."""
+
+
 class TokenizerError(ModelLoadError):
     """The tokenizer or chat template of a model is missing or broken."""
 
@@ -73,4 +78,15 @@ class MaxContextTooLargeError(EngineError):
         super().__init__(
             f"max_context {requested} is more than {model}'s trained context of {trained} "
             f"tokens; use at most {trained}, or leave it unset for the whole trained context"
+        )
+
+
+class ExposedWithoutKeyError(EngineError, ValueError):
+    """A server would listen beyond this computer without an API key."""
+
+    def __init__(self, address: str, how: str) -> None:
+        self.address = address
+        super().__init__(
+            f"Listening on {address} would let every computer on the network use the model "
+            f"without a key; {how}."
         )

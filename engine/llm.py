@@ -157,14 +157,20 @@ class Engine:
 
     # -- prompts -----------------------------------------------------------
 
-    def encode_prompt(self, prompt: Prompt) -> list[int]:
-        """Text (raw, no template), token ids, or chat messages -> token ids."""
+    def encode_prompt(self, prompt: Prompt, *, parse_special_in_content: bool = False) -> list[int]:
+        """Text (raw, no template), token ids, or chat messages -> token ids.
+
+        Special-token text inside chat messages stays text unless
+        `parse_special_in_content` (see Tokenizer.encode_chat); raw text is
+        the caller's whole prompt and is read with its control tokens."""
         if isinstance(prompt, str):
             if not prompt:
                 raise PromptError("The prompt is empty")
             ids = self.tokenizer.encode(prompt, add_special_tokens=True)
         elif isinstance(prompt, Seq) and prompt and all(isinstance(m, Mapping) for m in prompt):
-            ids = self.tokenizer.encode_chat(list(prompt), add_generation_prompt=True)
+            ids = self.tokenizer.encode_chat(
+                list(prompt), add_generation_prompt=True, parse_special_in_content=parse_special_in_content
+            )
         elif isinstance(prompt, Seq) and all(isinstance(t, int) for t in prompt):
             ids = [int(t) for t in prompt]
             bad = [t for t in ids if not 0 <= t < self.config.vocab_size]

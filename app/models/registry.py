@@ -38,7 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.files import write_text_atomically
+from app.files import make_private_file, write_text_atomically
 from app.models.checks import (
     FolderCheck,
     GGUFSummary,
@@ -442,6 +442,8 @@ class ModelRegistry:
         except (OSError, UnicodeDecodeError) as exc:
             self._bad_file(f"it cannot be read ({exc})", [], report)
             return
+        # A models.json from before files were kept private (0644) is tightened.
+        make_private_file(self.path)
         try:
             raw = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -518,7 +520,7 @@ class ModelRegistry:
             data["default"] = {"max_context": self._default_max_context}
         text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            default_model.make_private_folder(self.path.parent)
             write_text_atomically(self.path, text)
             fsync_dir(self.path.parent)
         except OSError as exc:

@@ -9,9 +9,11 @@ the same prefix cache as the window.
     server.stop()                                  # within about a second; the port is free again
 
 The HTTP side is engine/entrypoints/openai/server.py's (Starlette and uvicorn, on a thread of
-its own); this module adds what the app needs around it: a mapping that
-follows the models the app loads and unloads, and bind errors a person can
-act on. Requests already running on an engine that is unloaded end with a
+its own), with its gate: only loopback `Host`s (and those in `allowed_hosts`),
+no web page's `Origin` unless allowed, JSON bodies only, and no listening
+beyond this computer without an API key (docs/security.md). This module adds
+what the app needs around it: a mapping that follows the models the app loads
+and unloads, and bind errors a person can act on. Requests already running on an engine that is unloaded end with a
 clean 503 error; a model id that is not loaded answers 404 with OpenAI's
 error body. The engines stay the app's: stopping the server closes none.
 """
@@ -22,11 +24,19 @@ import errno
 import logging
 import socket
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from app.errors import AppError
-from engine.entrypoints.openai.server import RunningServer, ServedModels, bind, create_app
+from engine.entrypoints.openai.server import (
+    ExposedWithoutKeyError,
+    RunningServer,
+    ServedModels,
+    bind,
+    create_app,
+    is_loopback,
+    require_key_beyond_loopback,
+)
 
 if TYPE_CHECKING:
     from engine.llm import Engine
@@ -110,12 +120,18 @@ class LocalServer:
         host: str = "127.0.0.1",
         port: int = 0,
         api_key: str | None = None,
+        *,
+        allowed_hosts: Iterable[str] = (),
+        allowed_origins: Iterable[str] = (),
     ) -> str:
         """Serve `engines` (model id -> Engine) on host:port; port 0 takes a
         free one. An empty `api_key` means none. Returns the base URL.
+        `allowed_hosts` and `allowed_origins` widen the gate (create_app's);
+        an address beyond loopback needs `api_key`.
 
         Raises PortInUseError when the port is taken, LocalServerError for
-        any other address that cannot be used, RuntimeError when running.
+        any other address that cannot be used (or one beyond loopback
+        without a key), RuntimeError when running.
         """
         with self._lock:
             if self._server is not None:
@@ -132,8 +148,18 @@ class LocalServer:
             key = key or None
             self._models.set(engines)
             sock = self._bind(host, port)
+            bound = sock.getsockname()[0]
             try:
-                server = RunningServer(create_app(self._models, api_key=key), sock, grace_s=STOP_GRACE_S)
+                require_key_beyond_loopback(
+                    bound, key, f"set an API key in {self._where}, or serve on 127.0.0.1 (this computer only)")
+                hosts = list(allowed_hosts)
+                if not is_loopback(bound) and bound not in ("0.0.0.0", "::"):
+                    hosts.append(bound)  # one address: clients reach it by that address
+                app = create_app(self._models, api_key=key, allowed_hosts=hosts, allowed_origins=allowed_origins)
+                server = RunningServer(app, sock, grace_s=STOP_GRACE_S)
+            except (ExposedWithoutKeyError, ValueError) as exc:  # no key; a host or origin that is none
+                sock.close()
+                raise LocalServerError(str(exc)) from None
             except OSError as exc:  # uvicorn failed on its thread; bind() already worked
                 raise LocalServerError(f"The server could not start on {host}:{port}: {exc}") from None
             self._server, self._api_key = server, key

@@ -27,26 +27,43 @@ log = logging.getLogger(__name__)
 
 @dataclass(eq=False)
 class RemoteBackend:
-    """Where a remote pane's replies come from. The API key never shows in repr/str."""
+    """Where a remote pane's replies come from. The API key never shows in repr/str.
+
+    `key_id` names the key in app.secrets (the OS keyring or a 0600 file),
+    where the chat store keeps it between runs: the store file holds only
+    the id.
+    """
 
     base_url: str  # normalized: http(s)://host[:port]/path, as OpenAIClient takes it
     model: str
     api_key: str | None = field(default=None, repr=False)
     client: OpenAIClient | None = field(default=None, repr=False)
+    key_id: str | None = None  # None when there is no key
 
     @classmethod
-    def create(cls, base_url: str, model: str, api_key: str | None = None) -> RemoteBackend:
-        """Raises ValueError for a URL that is not http(s) or an empty model name."""
+    def create(
+        cls, base_url: str, model: str, api_key: str | None = None, *, key_id: str | None = None
+    ) -> RemoteBackend:
+        """Raises ValueError for a URL that is not http(s) or an empty model name.
+
+        `key_id`: the saved key's id when the pane is restored; a new one is
+        made for a new key."""
+        from app.secrets import new_remote_key_id
+
         model = model.strip()
         if not model:
             raise ValueError("Enter the name of the model the server should run.")
         url = normalize_base_url(base_url)
         key = (api_key or "").strip() or None
-        return cls(url, model, key, OpenAIClient(url, model=model, api_key=key))
+        if key is None:
+            key_id = None
+        elif key_id is None:
+            key_id = new_remote_key_id()
+        return cls(url, model, key, OpenAIClient(url, model=model, api_key=key), key_id)
 
     def copy(self) -> RemoteBackend:
-        """The same setting with a client of its own (for a forked pane)."""
-        return RemoteBackend.create(self.base_url, self.model, self.api_key)
+        """The same setting with a client of its own (for a forked pane; the key is shared, one copy)."""
+        return RemoteBackend.create(self.base_url, self.model, self.api_key, key_id=self.key_id)
 
     @property
     def host(self) -> str:

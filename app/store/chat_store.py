@@ -20,6 +20,7 @@ that opened it. The GUI thread keeps one for reads; writes go through
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import time
@@ -28,9 +29,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from app.secrets import SecretStoreError, default_secrets, new_remote_key_id
 from app.store.connection import BUSY_TIMEOUT_S, STORE_FILENAME, default_path, open_store_file
 from app.store.errors import (
     DiskFullError,
+    KeySaveError,
     NewerStoreError,
     ReadOnlyStoreError,
     StoreCorruptError,
@@ -60,9 +63,13 @@ from app.store.records import (
 from app.store.schema import SCHEMA_VERSION
 
 if TYPE_CHECKING:
+    from app.secrets import Secrets
+
     # Imported lazily at run time: app.workspace.conversation pulls in engine.model.sampler
     # and with it torch, which `tandem chats list` has no need of.
     from app.workspace.conversation import Conversation, Message
+
+log = logging.getLogger(__name__)
 
 # Longest preview text a summary carries (the sidebar elides it further).
 PREVIEW_CHARS = 160
@@ -77,9 +84,21 @@ def _collapse(text: str) -> str:
 class ChatStore:
     """Conversations, messages and the pane layout in one SQLite file. See the module docstring."""
 
-    def __init__(self, conn: sqlite3.Connection, path: Path, open_warning: str | None, crashed: bool) -> None:
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        path: Path,
+        open_warning: str | None,
+        crashed: bool,
+        secrets: Secrets | None = None,
+    ) -> None:
         self._conn = conn
         self.path = path
+        # Where remote panes' API keys are kept (never in this file); chosen on first use.
+        self._secrets = secrets
+        # The keys this store saved or read, by id: a layout saved again
+        # with the same keys does not write the keyring again.
+        self._known_keys: dict[str, str] = {}
         # Shown once by the window: e.g. the damaged file was kept aside.
         self.open_warning = open_warning
         # The previous session did not end with mark_clean_exit (it crashed or was killed).
@@ -88,22 +107,26 @@ class ChatStore:
     # -- opening ---------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str] | None = None, *, recover: bool = True) -> ChatStore:
+    def open(
+        cls, path: str | os.PathLike[str] | None = None, *, recover: bool = True, secrets: Secrets | None = None
+    ) -> ChatStore:
         """Open (creating or migrating as needed) the store at `path` (default: the data folder's).
 
         A file SQLite cannot read is moved aside and a new store started
         (`open_warning` says so) when `recover`; otherwise StoreCorruptError.
         A second opener (the writer thread, the CLI) passes recover=False so
-        only the app's first open ever moves a file. Raises StoreError.
+        only the app's first open ever moves a file. `secrets`: where remote
+        panes' API keys are kept (default: app.secrets.default_secrets()).
+        Raises StoreError.
         """
         path = Path(path) if path is not None else default_path()
-        opened = open_store_file(path, recover=recover)
+        opened = open_store_file(path, recover=recover, secrets=secrets)
         try:
             crashed = cls._read_meta(opened.conn, _SESSION_KEY) == "running"
         except BaseException:
             opened.conn.close()
             raise
-        return cls(opened.conn, path, opened.warning, crashed)
+        return cls(opened.conn, path, opened.warning, crashed, secrets)
 
     @staticmethod
     def _read_meta(conn: sqlite3.Connection, key: str) -> str | None:
@@ -280,7 +303,14 @@ class ChatStore:
                 "SELECT id FROM conversations WHERE deleted_at IS NOT NULL AND deleted_at <= ?", (cutoff,)
             )]
             conn.executemany("DELETE FROM conversations WHERE id = ?", [(i,) for i in ids])
+            keys: set[str | None] = set()
+            for i in ids:
+                keys.update(r[0] for r in conn.execute(
+                    "SELECT remote_key_id FROM layout WHERE conversation_id = ?", (i,)
+                ))
             conn.executemany("DELETE FROM layout WHERE conversation_id = ?", [(i,) for i in ids])
+            kept = {r[0] for r in conn.execute("SELECT remote_key_id FROM layout")}
+        self._forget_keys(keys - kept)
         return len(ids)
 
     def purge_empty(self) -> int:
@@ -295,15 +325,72 @@ class ChatStore:
         return cursor.rowcount
 
     def save_layout(self, panes: Sequence[PaneLayout]) -> None:
-        """The open panes, left to right (replaces the saved layout)."""
+        """The open panes, left to right (replaces the saved layout).
+
+        A remote pane's API key goes to the secret store under the pane's
+        `remote_key_id` (a new id when it has none); the file keeps only the
+        id. Keys no pane uses any more are deleted from the secret store.
+        A key the secret store refuses: the layout is saved without it, then
+        KeySaveError says so.
+        """
+        key_ids: list[str | None] = []
+        failure: str | None = None
+        for pane in panes:
+            key_id = None
+            if pane.remote_api_key:
+                key_id = pane.remote_key_id or new_remote_key_id()
+                try:
+                    self._keep_key(key_id, pane.remote_api_key)
+                except SecretStoreError as exc:
+                    key_id, failure = None, str(exc)
+            key_ids.append(key_id)
         with self._write() as conn:
+            before = {r[0] for r in conn.execute("SELECT remote_key_id FROM layout WHERE remote_key_id IS NOT NULL")}
             conn.execute("DELETE FROM layout")
             conn.executemany(
                 """INSERT INTO layout (position, conversation_id, title, remote_base_url, remote_model,
-                                       remote_api_key, width) VALUES (?, ?, ?, ?, ?, ?, ?)""",
-                [(i, p.conversation_id, p.title, p.remote_base_url, p.remote_model, p.remote_api_key, p.width)
-                 for i, p in enumerate(panes)],
+                                       remote_key_id, width) VALUES (?, ?, ?, ?, ?, ?, ?)""",
+                [(i, p.conversation_id, p.title, p.remote_base_url, p.remote_model, key_id, p.width)
+                 for i, (p, key_id) in enumerate(zip(panes, key_ids))],
             )
+        self._forget_keys(before - set(key_ids))
+        if failure is not None:
+            raise KeySaveError(failure)
+
+    # -- remote panes' keys (in app.secrets, never in this file) -------------------------
+
+    def _secret_store(self) -> Secrets:
+        if self._secrets is None:
+            self._secrets = default_secrets()
+        return self._secrets
+
+    def _keep_key(self, key_id: str, key: str) -> None:
+        if self._known_keys.get(key_id) != key:
+            self._secret_store().set(key_id, key)
+            self._known_keys[key_id] = key
+
+    def _read_key(self, key_id: str) -> str | None:
+        key = self._known_keys.get(key_id)
+        if key is None:
+            try:
+                key = self._secret_store().get(key_id)
+            except SecretStoreError as exc:
+                log.warning("a remote pane's API key could not be read: %s", exc)
+                return None
+            if key is not None:
+                self._known_keys[key_id] = key
+        return key
+
+    def _forget_keys(self, key_ids: set[str | None]) -> None:
+        """Delete keys the saved layout no longer refers to (after the layout's commit)."""
+        for key_id in key_ids:
+            if key_id is None:
+                continue
+            self._known_keys.pop(key_id, None)
+            try:
+                self._secret_store().delete(key_id)
+            except SecretStoreError as exc:  # a stray key is untidy, not a failed save
+                log.warning("an unused API key could not be deleted: %s", exc)
 
     def mark_session_start(self) -> None:
         """The window is up: until mark_clean_exit, an end of the process counts as a crash."""
@@ -423,10 +510,18 @@ class ChatStore:
     def load_layout(self) -> list[PaneLayout]:
         """The panes that were open, left to right; [] when none was saved."""
         rows = self._query(
-            """SELECT conversation_id, title, remote_base_url, remote_model, remote_api_key, width
+            """SELECT conversation_id, title, remote_base_url, remote_model, remote_key_id, width
                FROM layout ORDER BY position"""
         )
-        return [PaneLayout(*row) for row in rows]
+        return [
+            PaneLayout(
+                conversation_id, title, base_url, model,
+                remote_api_key=self._read_key(key_id) if key_id else None,
+                width=width,
+                remote_key_id=key_id,
+            )
+            for conversation_id, title, base_url, model, key_id, width in rows
+        ]
 
 
 __all__ = [
@@ -438,6 +533,7 @@ __all__ = [
     "ConversationSummary",
     "DiskFullError",
     "HeaderRecord",
+    "KeySaveError",
     "MessageRecord",
     "NewerStoreError",
     "PaneLayout",

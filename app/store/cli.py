@@ -7,8 +7,10 @@ anyone who cannot open the window.
 
 ID may be any unique start of a conversation's id (`list` shows 8 characters).
 No Qt here, and `list` does not import torch: it reads the store only.
-Exit status: 0 done, 1 the store could not be used, 2 a wrong argument
-(unknown or ambiguous id, unreadable import file).
+Exit status: 0 done, 1 the store could not be used or the output file is
+not a regular file (export never replaces a link, a FIFO or a device), 2 a
+wrong argument (unknown or ambiguous id, an import file that is not a chat:
+any content gives one line, and nothing is stored).
 """
 
 from __future__ import annotations
@@ -151,20 +153,13 @@ def _export(store: ChatStore, prefix: str, fmt: str, output: str | None, out: Te
 
 
 def _import(path: Path, file: Path, out: TextIO) -> int:
-    from app.store.export import ChatImportError, from_json
+    from app.store.export import ChatImportError, read_chat_file
 
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise _UsageError(f"{file} could not be read: {exc.strerror or exc}.") from None
-    except UnicodeDecodeError:
-        raise _UsageError(f"{file} is not a text file (expected a Tandem JSON export).") from None
-    except json.JSONDecodeError as exc:
-        raise _UsageError(f"{file} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}).") from None
-    try:
-        conversation = from_json(data)
+        # Any content: a conversation or one sentence (app.store.export), nothing stored before.
+        conversation = read_chat_file(file)
     except ChatImportError as exc:
-        raise _UsageError(f"{file}: {exc}") from None
+        raise _UsageError(str(exc)) from None
     with ChatStore.open(path, recover=False) as store:
         store.save_conversation(conversation)
     print(conversation.id, file=out)

@@ -11,6 +11,12 @@ in one transaction (app.store.migrations); a store of a newer version
 cannot read (not a database, a failed `quick_check`) is moved aside as
 `chats.sqlite3.corrupt-YYYYmmdd-HHMMSS` (with its -wal/-shm files) and a new
 store is started, with a warning for the window to show.
+
+The store is private: the file is created 0600 before SQLite opens it (its
+-wal and -shm files take the same mode), a looser one is tightened at open,
+and a data folder Tandem creates is 0700. Every connection runs with
+`secure_delete`, so a deleted chat (or a migrated-away key) is zeroed in the
+file instead of lingering in its free pages.
 """
 
 from __future__ import annotations
@@ -20,10 +26,15 @@ import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from app.files import create_private_file, make_private_file, make_private_folder
 from app.store.errors import NewerStoreError, StoreCorruptError, StoreIOError, store_error
 from app.store.migrations import migrate
 from app.store.schema import SCHEMA_VERSION, create_schema
+
+if TYPE_CHECKING:
+    from app.secrets import Secrets
 
 STORE_FILENAME = "chats.sqlite3"
 # How long a write waits for another connection's write to finish before
@@ -57,16 +68,15 @@ class _Unreadable(Exception):
         self.reason = reason
 
 
-def open_store_file(path: Path, *, recover: bool) -> OpenedStore:
+def open_store_file(path: Path, *, recover: bool, secrets: Secrets | None = None) -> OpenedStore:
     """Open (creating or migrating as needed) the store file at `path`.
 
     A file SQLite cannot read is moved aside and a new store started when
-    `recover`; otherwise StoreCorruptError. Raises StoreError.
+    `recover`; otherwise StoreCorruptError. `secrets`: where a migration
+    moves the secrets of an old store (default: app.secrets.default_secrets()).
+    Raises StoreError.
     """
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise store_error(exc, path) from exc
+    _prepare_folder(path.parent)
     warning: str | None = None
     try:
         conn = _connect_checked(path)
@@ -83,21 +93,44 @@ def open_store_file(path: Path, *, recover: bool) -> OpenedStore:
         except _Unreadable as again:  # a brand-new file cannot be damaged; the disk is misbehaving
             raise StoreIOError(path, again.reason) from None
     try:
-        _configure_and_migrate(conn, path)
+        _configure_and_migrate(conn, path, secrets)
     except BaseException:
         conn.close()
         raise
+    for suffix in ("", "-wal", "-shm"):  # a store an older Tandem (or SQLite) made 0644
+        make_private_file(path.with_name(path.name + suffix))
     return OpenedStore(conn, warning)
+
+
+def _prepare_folder(folder: Path) -> None:
+    """The store's folder: created private (0700); Tandem's data folder is tightened to that.
+
+    A folder that already exists and is not the data folder (a test's, one
+    given on purpose) keeps its mode: it is not Tandem's to change."""
+    from engine.formats.default_model import data_dir
+
+    try:
+        if not folder.exists() or folder == data_dir():
+            make_private_folder(folder)
+    except OSError as exc:
+        raise store_error(exc, folder) from exc
 
 
 def _connect_checked(path: Path) -> sqlite3.Connection:
     """A connection to a file that is an intact store of a version we read; nothing written yet."""
+    try:
+        create_private_file(path)  # before SQLite makes it 0644 (its -wal/-shm copy the mode)
+    except OSError as exc:
+        raise store_error(exc, path) from exc
     try:
         conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=True)
     except sqlite3.Error as exc:
         raise store_error(exc, path) from exc
     try:
         conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        # Deleted content is zeroed, not left in free pages: a deleted chat,
+        # or an API key a migration moved out, is gone from the file.
+        conn.execute("PRAGMA secure_delete = ON")
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
             raise NewerStoreError(path, version)
@@ -119,7 +152,7 @@ def _connect_checked(path: Path) -> sqlite3.Connection:
     return conn
 
 
-def _configure_and_migrate(conn: sqlite3.Connection, path: Path) -> None:
+def _configure_and_migrate(conn: sqlite3.Connection, path: Path, secrets: Secrets | None) -> None:
     try:
         # A file system without shared memory (some network shares)
         # refuses WAL and SQLite keeps its rollback journal: as safe, only slower.
@@ -136,10 +169,11 @@ def _configure_and_migrate(conn: sqlite3.Connection, path: Path) -> None:
         try:
             # Read again under the write lock: another process may have migrated meanwhile.
             version = conn.execute("PRAGMA user_version").fetchone()[0]
+            migrated = version != 0
             if version == 0:
                 create_schema(conn)
             else:
-                migrate(conn, version)
+                migrate(conn, version, secrets)
             broken = conn.execute("PRAGMA foreign_key_check").fetchall()
             if broken:
                 raise StoreCorruptError(path, f"{len(broken)} messages belong to no conversation")
@@ -149,6 +183,11 @@ def _configure_and_migrate(conn: sqlite3.Connection, path: Path) -> None:
             conn.execute("ROLLBACK")
             raise
         conn.execute("PRAGMA foreign_keys = ON")
+        if migrated:
+            # The old pages (an old version's plain-text keys among them) are
+            # in the file until a checkpoint writes the new ones over them;
+            # TRUNCATE also empties the WAL that held them.
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     except sqlite3.Error as exc:
         raise store_error(exc, path) from exc
 

@@ -89,6 +89,16 @@ class UnknownConversationError(StoreError, KeyError):
         return str(self.args[0])
 
 
+class KeySaveError(StoreError):
+    """A remote pane's API key could not be kept in the secret store; the layout was saved without it."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(
+            f"A remote pane's API key could not be saved: {detail} The pane keeps working; "
+            "after a restart, enter its key again in the pane's settings."
+        )
+
+
 def store_error(exc: BaseException, path: Path) -> StoreError:
     """The StoreError a person can act on for an sqlite3 or OS error."""
     if isinstance(exc, StoreError):

@@ -15,15 +15,26 @@ not its own).
                                     "model_id", "params", "stats", "error"}]}}
 
 Times are Unix seconds (UTC).
+
+An import file comes from anyone: `read_chat_file` (the CLI's and the
+window's import) turns any content into a conversation or a ChatImportError
+with one sentence, never another exception: not a regular file, too big, not
+UTF-8, not JSON, nested too deep, a number too long, text that is not valid
+Unicode (a lone surrogate), a value of the wrong type anywhere.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import stat
+import sys
 import time
 import uuid
 from collections.abc import Sequence
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.store.records import params_from_dict, params_to_dict, stats_from_dict, stats_to_dict
@@ -39,8 +50,94 @@ _ROLES = ("system", "user", "assistant", "notice")
 _STATES = ("complete", "streaming", "stopped", "interrupted", "error")
 
 
+# A chat export is text; one this big is not a chat (and would not fit in memory parsed).
+MAX_IMPORT_BYTES = 256 * 1024 * 1024
+# A seed is a 64-bit number everywhere it is used.
+_SEED_LIMIT = 2**64
+
+
 class ChatImportError(AppError):
     """A file that is not a chat Tandem can import; the message says what is wrong with it."""
+
+
+# -- reading an import file ------------------------------------------------------------
+
+
+def read_chat_file(path: str | os.PathLike[str]) -> Conversation:
+    """A new conversation from a Tandem JSON export file. Raises ChatImportError, for any content."""
+    path = Path(path)
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        raise ChatImportError(f"{path} could not be read: {exc.strerror or exc}.") from None
+    if not stat.S_ISREG(info.st_mode):  # a FIFO or a device would block or never end
+        raise ChatImportError(f"{path} is not a regular file; choose a Tandem chat export (.json).")
+    if info.st_size > MAX_IMPORT_BYTES:
+        raise ChatImportError(
+            f"{path} is {info.st_size / 2**20:.0f} MB; a Tandem chat export is at most "
+            f"{MAX_IMPORT_BYTES // 2**20} MB, so this is not one."
+        )
+    try:
+        with open(path, "rb") as file:
+            raw = file.read(MAX_IMPORT_BYTES + 1)
+    except OSError as exc:
+        raise ChatImportError(f"{path} could not be read: {exc.strerror or exc}.") from None
+    if len(raw) > MAX_IMPORT_BYTES:
+        raise ChatImportError(f"{path} is larger than {MAX_IMPORT_BYTES // 2**20} MB; it is not a Tandem chat export.")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ChatImportError(f"{path} is not a Tandem chat: it is not a text file (expected JSON).") from None
+    try:
+        conversation = from_json(parse_chat_json(text))
+    except ChatImportError as exc:
+        raise ChatImportError(f"{path}: {exc}") from None
+    return conversation
+
+
+def parse_chat_json(text: str) -> object:
+    """JSON text as Python values, every string valid Unicode. Raises ChatImportError, for any text."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ChatImportError(
+            f"This is not a Tandem chat: it is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})."
+        ) from None
+    except RecursionError:
+        raise ChatImportError("This is not a Tandem chat: its JSON is nested too deeply to read.") from None
+    except ValueError:  # the one other ValueError json raises: an integer longer than Python converts
+        raise ChatImportError(
+            f"This is not a Tandem chat: it holds a number of more than {sys.get_int_max_str_digits()} digits."
+        ) from None
+    _check_text(data)
+    return data
+
+
+def _check_text(data: object) -> None:
+    """ChatImportError unless every string (keys too) is valid Unicode: JSON's \\ud800 escapes
+    give lone surrogates, which no file or database can hold. Iterative: the depth is the file's."""
+    pending = [data]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            strings: list[str] = [item]
+        elif isinstance(item, dict):
+            strings = [k for k in item if isinstance(k, str)]
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+            continue
+        else:
+            continue
+        for string in strings:
+            try:
+                string.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                bad = string[exc.start]
+                raise ChatImportError(
+                    f"This is not a Tandem chat: it holds text that is not valid Unicode "
+                    f"(a lone surrogate, \\u{ord(bad):04x})."
+                ) from None
 
 
 # -- JSON --------------------------------------------------------------------------
@@ -79,9 +176,21 @@ def _message_json(message: Message) -> dict[str, Any]:
 
 
 def from_json(data: object) -> Conversation:
-    """A new conversation (with a new id) from `to_json`'s output. Raises ChatImportError."""
+    """A new conversation (with a new id) from `to_json`'s output. Raises ChatImportError, for any value."""
+    try:
+        return _from_json(data)
+    except ChatImportError:
+        raise
+    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+        # Every value is checked below; this is the net under those checks,
+        # so that no file can end an import in a traceback.
+        raise ChatImportError(f"The chat export holds a value Tandem cannot use ({type(exc).__name__}: {exc}).") from None
+
+
+def _from_json(data: object) -> Conversation:
     from app.workspace.conversation import CONTEXT_POLICIES, Conversation, Message
 
+    _check_text(data)
     top = _object(data, "The file")
     if top.get("format") != FORMAT:
         raise ChatImportError("This is not a Tandem chat export (its \"format\" is not \"tandem-chat\").")
@@ -174,11 +283,22 @@ def _optional_string(data: dict[str, Any], key: str, where: str) -> str | None:
     return value
 
 
+def _finite(value: object) -> float | None:
+    """`value` as a finite float when it is a JSON number that is one; None otherwise (bools, huge ints, NaN)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond a float's range
+        return None
+    return number if math.isfinite(number) else None
+
+
 def _time(data: dict[str, Any], key: str, where: str) -> float:
-    value = data.get(key)
-    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0):
+    value = _finite(data.get(key))
+    if value is None or value < 0:
         raise ChatImportError(f"{where.capitalize()}: \"{key}\" must be a time in seconds since 1970.")
-    return float(value)
+    return value
 
 
 def _params(value: object, where: str) -> Any:
@@ -186,9 +306,12 @@ def _params(value: object, where: str) -> Any:
         return None
     if not isinstance(value, dict):
         raise ChatImportError(f"{where.capitalize()}: \"params\" must be an object.")
+    seed = value.get("seed")
+    if _is_int(seed) and not -_SEED_LIMIT < seed < _SEED_LIMIT:
+        raise ChatImportError(f"{where.capitalize()}: the sampling \"seed\" must fit in 64 bits.")
     try:
         return params_from_dict(value)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, OverflowError) as exc:
         raise ChatImportError(f"{where.capitalize()}: the sampling parameters are not valid: {exc}") from None
 
 
@@ -199,13 +322,14 @@ def _stats(value: object, where: str) -> Any:
         raise ChatImportError(f"{where.capitalize()}: \"stats\" must be an object.")
     numbers = ("generated_tokens", "prompt_tokens", "cached_prompt_tokens")
     for key in numbers:
-        if not _is_int(value.get(key)) or value[key] < 0:
+        if not _is_int(value.get(key)) or not 0 <= value[key] < 2**63:
             raise ChatImportError(f"{where.capitalize()}: stats \"{key}\" must be a whole number, at least 0.")
     for key, optional in (("tokens_per_s", False), ("elapsed_s", False), ("ttft_s", True)):
         v = value.get(key)
         if optional and v is None:
             continue
-        if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
+        number = _finite(v)
+        if number is None or number < 0:
             raise ChatImportError(f"{where.capitalize()}: stats \"{key}\" must be a number, at least 0.")
     reason = value.get("finish_reason")
     if reason is not None and not isinstance(reason, str):

@@ -12,16 +12,27 @@ schema moves on, and a step must keep producing the version it names.
 tests/app/test_store_migrations.py builds a store of every old version,
 migrates it with its data, and checks the result has exactly the current
 schema.
+
+A step that moves data out of the store (v2 -> v3: remote panes' API keys)
+takes the `Secrets` to move it to as its second argument; the others ignore
+it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from app.store.records import pack_ids
 from app.store.schema import SCHEMA_VERSION
+
+if TYPE_CHECKING:
+    from app.secrets import Secrets
+
+log = logging.getLogger(__name__)
 
 # -- v1 -> v2 ---------------------------------------------------------------------
 
@@ -81,7 +92,7 @@ def _json_ids_to_blob(text: str | bytes | None) -> bytes:
     return b""
 
 
-def migrate_v1_to_v2(conn: sqlite3.Connection) -> None:
+def migrate_v1_to_v2(conn: sqlite3.Connection, secrets: Secrets | None = None) -> None:
     """Token ids as packed BLOBs, the context policy, soft delete, each reply's model and sampling, the layout.
 
     Both tables are rebuilt (SQLite cannot change a column's type in place).
@@ -116,13 +127,72 @@ def migrate_v1_to_v2(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL)")
 
 
+# -- v2 -> v3 ---------------------------------------------------------------------
+
+_V3_LAYOUT = """
+CREATE TABLE layout_v3 (
+    position INTEGER PRIMARY KEY NOT NULL,
+    conversation_id TEXT NOT NULL,
+    title TEXT NOT NULL DEFAULT '',
+    remote_base_url TEXT,
+    remote_model TEXT,
+    remote_key_id TEXT,
+    width INTEGER
+)"""
+
+
+def migrate_v2_to_v3(conn: sqlite3.Connection, secrets: Secrets | None = None) -> None:
+    """Remote panes' API keys out of the store: each goes to `secrets` (default:
+    app.secrets.default_secrets(), the OS keyring or a 0600 file) and the
+    layout keeps its id in remote_key_id instead.
+
+    The layout table is rebuilt without the plain-text column; the connection
+    runs with secure_delete (app.store.connection), so the freed pages that
+    held the keys are zeroed, not left readable in the file. A key the
+    secret store refuses is dropped with a warning (the pane asks for it
+    again) rather than keeping every chat from opening.
+    """
+    rows = conn.execute(
+        """SELECT position, conversation_id, title, remote_base_url, remote_model, remote_api_key, width
+           FROM layout ORDER BY position"""
+    ).fetchall()
+    moved = []
+    for position, conversation_id, title, base_url, model, key, width in rows:
+        key_id = None
+        if key:
+            from app.secrets import REMOTE_PANE_PREFIX, SecretStoreError, default_secrets
+
+            if secrets is None:
+                secrets = default_secrets()
+            # The same id when a failed migration is tried again: no stray copies.
+            key_id = f"{REMOTE_PANE_PREFIX}v2-{conversation_id}-{position}"
+            try:
+                secrets.set(key_id, key)
+            except SecretStoreError as exc:
+                log.warning("a remote pane's API key could not be moved out of the chat store: %s", exc)
+                key_id = None
+        moved.append((position, conversation_id, title, base_url, model, key_id, width))
+    conn.execute(_V3_LAYOUT)
+    conn.executemany(
+        """INSERT INTO layout_v3 (position, conversation_id, title, remote_base_url, remote_model,
+                                  remote_key_id, width) VALUES (?, ?, ?, ?, ?, ?, ?)""",
+        moved,
+    )
+    # Blank the keys before dropping the table: with secure_delete the cells are zeroed in place.
+    conn.execute("UPDATE layout SET remote_api_key = NULL")
+    conn.execute("DROP TABLE layout")
+    conn.execute("ALTER TABLE layout_v3 RENAME TO layout")
+
+
 # -- the steps, in order -------------------------------------------------------------
 
-Step = Callable[[sqlite3.Connection], None]
+# A step takes the store's connection and the secrets a step may move data to.
+Step = Callable[[sqlite3.Connection, "Secrets | None"], None]
 
 # STEPS[v] takes a store of version v to version v + 1.
 STEPS: dict[int, Step] = {
     1: migrate_v1_to_v2,
+    2: migrate_v2_to_v3,
 }
 
 # Every version from the first to the current one has its step: a gap would
@@ -130,15 +200,16 @@ STEPS: dict[int, Step] = {
 assert sorted(STEPS) == list(range(1, SCHEMA_VERSION)), "one migration step per schema version"
 
 
-def migrate(conn: sqlite3.Connection, version: int) -> int:
+def migrate(conn: sqlite3.Connection, version: int, secrets: Secrets | None = None) -> int:
     """Apply every step from `version` to SCHEMA_VERSION, in order; returns the version reached.
 
     Runs inside the caller's transaction and sets no `user_version`: the
-    caller does, once the whole migration has succeeded.
+    caller does, once the whole migration has succeeded. `secrets`: where
+    secrets found in an old store go (default: app.secrets.default_secrets()).
     """
     if not 1 <= version <= SCHEMA_VERSION:
         raise ValueError(f"There is no migration from schema version {version}")
     while version < SCHEMA_VERSION:
-        STEPS[version](conn)
+        STEPS[version](conn, secrets)
         version += 1
     return version

@@ -191,6 +191,7 @@ def layout_of(panes: list[Pane]) -> list[PaneLayout]:
                 remote_base_url=remote.base_url if remote is not None else None,
                 remote_model=remote.model if remote is not None else None,
                 remote_api_key=remote.api_key if remote is not None else None,
+                remote_key_id=remote.key_id if remote is not None else None,
             )
         )
     return out

@@ -34,8 +34,10 @@ assert array(_INT32).itemsize == 4, "token ids are stored as 32-bit integers"
 class PaneLayout:
     """One open pane, left to right, as the next start brings it back.
 
-    The API key of a remote pane stays in the store file on this machine
-    (like the rest of the chats); no export ever includes it.
+    The API key of a remote pane never goes into the store file: the store
+    keeps `remote_key_id`, the key's id in app.secrets (the OS keyring or a
+    0600 file), and `ChatStore.load_layout` fills `remote_api_key` from
+    there. No export ever includes the key.
     """
 
     conversation_id: str
@@ -44,6 +46,9 @@ class PaneLayout:
     remote_model: str | None = None
     remote_api_key: str | None = dataclasses.field(default=None, repr=False)
     width: int | None = None
+    # Where the key is kept (None: the store picks a new id when it saves a
+    # key). Bookkeeping, so two layouts with the same panes and keys are equal.
+    remote_key_id: str | None = dataclasses.field(default=None, compare=False)
 
 
 @dataclass(slots=True, frozen=True)

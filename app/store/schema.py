@@ -19,13 +19,16 @@ v2  token ids packed as little-endian int32 BLOBs (4 bytes a token instead
     model_id and params (each reply remembers the model and sampling that
     wrote it; v1 replies get their conversation's model, params unknown);
     the layout table (the panes that were open).
+v3  the layout keeps a remote pane's API key out of the file: remote_api_key
+    gives way to remote_key_id, the key's id in app.secrets (the OS keyring
+    or a 0600 file); v2's plain-text keys are moved there.
 """
 
 from __future__ import annotations
 
 import sqlite3
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 CREATE_CONVERSATIONS = """
 CREATE TABLE conversations (
@@ -65,7 +68,7 @@ CREATE TABLE layout (
     title TEXT NOT NULL DEFAULT '',
     remote_base_url TEXT,
     remote_model TEXT,
-    remote_api_key TEXT,
+    remote_key_id TEXT,
     width INTEGER
 )"""
 

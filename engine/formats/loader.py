@@ -45,7 +45,7 @@ from engine.formats.staged_folder import (
     staging_path,
     write_json,
 )
-from engine.model.config import ModelConfig
+from engine.model.config import ModelConfig, check_layer_indices, hf_layer_indices
 from engine.config import QUANTIZE_MODES, QUANTIZED_COMPUTE
 from engine.model.linear import Linear
 from engine.model.llama import LayerWeights, LlamaModel, Product
@@ -292,6 +292,9 @@ def load_model(
             tensors[name] = tensor
         done += 1
         reporter.report("weights", done, total, detail)
+    # A config.json whose layer count the weights do not have is refused with
+    # one line naming num_hidden_layers, not with the first missing weight.
+    check_layer_indices(config.num_hidden_layers, hf_layer_indices(tensors), f"{folder / 'config.json'}")
 
     def pop(name: str) -> torch.Tensor:
         try:

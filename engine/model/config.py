@@ -2,20 +2,53 @@
 
 Only the Llama family is run: Llama 2/3, Mistral, Qwen2/2.5 and SmolLM share
 one decoder layout and differ in a handful of switches captured here.
+
+Configurations come from strangers (a downloaded config.json, a GGUF file's
+metadata), so the model's dimensions are checked here, once, for every
+format: `check_dimensions` refuses zero, absurd or non-dividing head counts
+and sizes before anything loops over or allocates by them, and
+`check_layer_indices` refuses a layer count the tensors do not have. Both
+raise InvalidModelConfigError, one line naming the field.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.errors import ModelLoadError, UnsupportedModelError
+from engine.errors import InvalidModelConfigError, ModelLoadError, UnsupportedModelError
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+# Upper bounds far above any real model (the largest dense models have ~130
+# layers, 128 heads, hidden sizes of 16k-25k and vocabularies of 256k), low
+# enough that a loop or a table sized by them stays small.
+MAX_LAYERS = 1024
+MAX_HEADS = 4096
+MAX_DIMENSION = 1 << 20  # hidden size, feed-forward size, head dimension
+MAX_VOCAB = 1 << 24
+MAX_POSITIONS = 1 << 30  # max_position_embeddings / context length
+
+
+# config.json field -> (smallest, largest) value; fields that may be absent
+# have a derived default (head_dim, num_key_value_heads).
+_DIMENSIONS: dict[str, tuple[int, int]] = {
+    "vocab_size": (1, MAX_VOCAB),
+    "hidden_size": (1, MAX_DIMENSION),
+    "intermediate_size": (1, MAX_DIMENSION),
+    "num_hidden_layers": (1, MAX_LAYERS),
+    "num_attention_heads": (1, MAX_HEADS),
+    "num_key_value_heads": (1, MAX_HEADS),
+    "head_dim": (1, MAX_DIMENSION),
+    "max_position_embeddings": (1, MAX_POSITIONS),
+}
+_OPTIONAL = frozenset({"num_key_value_heads", "head_dim", "max_position_embeddings"})
 
 
 @dataclass(slots=True, frozen=True)
@@ -76,6 +109,7 @@ class ModelConfig:
                 f"models (model_type {', '.join(SUPPORTED_MODEL_TYPES[:-1])} or "
                 f"{SUPPORTED_MODEL_TYPES[-1]})"
             )
+        check_dimensions(raw, source)
         try:
             hidden = int(raw["hidden_size"])
             heads = int(raw["num_attention_heads"])
@@ -120,6 +154,75 @@ class ModelConfig:
     @property
     def num_queries_per_kv(self) -> int:
         return self.num_attention_heads // self.num_key_value_heads
+
+
+def check_dimensions(raw: Mapping[str, Any], source: str, labels: Mapping[str, str] | None = None) -> None:
+    """Refuse a configuration whose sizes no real model has, before anything
+    is sized by them: every dimension a whole number within its bounds,
+    heads that divide the hidden size (when head_dim is not given) and KV
+    heads that divide the heads.
+
+    raw: config.json's fields (an importer's converted metadata alike).
+    labels: how the caller's format names each field, for the message
+        ({"num_attention_heads": "llama.attention.head_count"}).
+    """
+    labels = labels or {}
+
+    def name(key: str) -> str:
+        label = labels.get(key)
+        return f"{label} ({key})" if label else key
+
+    def refuse(key: str, problem: str) -> InvalidModelConfigError:
+        return InvalidModelConfigError(
+            f"{source}: {name(key)} {problem}; the model file is corrupt or not a real model."
+        )
+
+    values: dict[str, int] = {}
+    for key, (low, high) in _DIMENSIONS.items():
+        value = raw.get(key)
+        if value is None and key in _OPTIONAL:
+            continue
+        if value is None:
+            raise refuse(key, "is missing")
+        whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+        if isinstance(value, bool) or not whole:
+            raise refuse(key, f"is {value!r}, not a whole number")
+        if not low <= value <= high:
+            raise refuse(key, f"is {value}, outside {low}..{high}")
+        values[key] = int(value)
+    heads, hidden = values["num_attention_heads"], values["hidden_size"]
+    if "head_dim" not in values and hidden % heads:
+        raise refuse("num_attention_heads", f"({heads}) does not divide {name('hidden_size')} ({hidden})")
+    kv_heads = values.get("num_key_value_heads", heads)
+    if heads % kv_heads:
+        raise refuse("num_key_value_heads", f"({kv_heads}) does not divide {name('num_attention_heads')} ({heads})")
+
+
+def check_layer_indices(
+    num_layers: int, layer_indices: Iterable[int], source: str, label: str = "num_hidden_layers"
+) -> None:
+    """Refuse a layer count the tensors do not have: the layers numbered in
+    the tensors' names must be exactly 0..num_layers-1."""
+    # Never builds range(num_layers): the count may be as absurd as the file's maker likes.
+    present = sorted(set(layer_indices))
+    if present and present[-1] >= num_layers:
+        beyond = next(index for index in present if index >= num_layers)
+        problem = f"says {num_layers} layers, but the tensors have layer {beyond}"
+    elif len(present) == num_layers:
+        return  # distinct, all below num_layers: exactly 0..num_layers-1
+    else:
+        missing = next((i for i, index in enumerate(present) if index != i), len(present))
+        problem = f"says {num_layers} layers, but the tensors have {len(present)} (layer {missing} is missing)"
+    raise InvalidModelConfigError(f"{source}: {label} {problem}; the model file is corrupt or incomplete.")
+
+
+# A Hugging Face checkpoint's layer tensors: model.layers.<index>.<rest>.
+HF_LAYER_TENSOR_RE = re.compile(r"model\.layers\.(\d+)\.")
+
+
+def hf_layer_indices(names: Iterable[str]) -> list[int]:
+    """The layer numbers of a Hugging Face checkpoint's tensor names."""
+    return [int(match[1]) for name in names if (match := HF_LAYER_TENSOR_RE.match(name))]
 
 
 def _rope_params(raw: dict[str, Any]) -> dict[str, Any]:

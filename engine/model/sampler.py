@@ -5,6 +5,10 @@ Each row is processed with its own request's parameters, in the order of Hugging
 
     repetition penalty -> temperature -> top-k -> top-p -> min-p -> draw
 
+After the repetition penalty and after temperature the logits are made finite (NaN and
+-inf to the lowest float32, +inf to the highest), so that no accepted parameter and no
+overflowing model output can make the draw fail: a row of NaN becomes a uniform draw.
+
 Each stage is a few tensor ops over the whole batch with the per-row parameters as tensors,
 a row whose filter is off getting a neutral value. The only per-row work is drawing one uniform
 number from the request's own generator, so that a request's tokens depend on its seed and
@@ -25,6 +29,8 @@ from torch.nn.utils.rnn import pad_sequence
 from engine.params import SamplingParams
 
 _NEG_INF = -math.inf
+_FLOAT32_HIGHEST = torch.finfo(torch.float32).max
+_FLOAT32_LOWEST = torch.finfo(torch.float32).min
 # How many of each row's most likely tokens to search for the top-p set before sorting them all.
 _TOP_P_CANDIDATES = 256
 
@@ -94,6 +100,8 @@ def sample(logits: torch.Tensor, samplers: Sequence[RequestSampler]) -> list[int
     writes = bool(sampled) or any(s.penalizes_repetition for s in samplers)
     logits = logits.to(torch.float32, copy=writes)
     _apply_repetition_penalty(logits, samplers)
+    if writes:  # a copy: argmax alone (never written) copes with any value
+        _make_finite_(logits)
     if not sampled:
         return logits.argmax(dim=1).tolist()
     if len(sampled) == len(samplers):
@@ -114,6 +122,7 @@ def _filtered_logits(logits: torch.Tensor, samplers: Sequence[RequestSampler]) -
     """
     logits = logits.to(torch.float32, copy=True)
     _apply_repetition_penalty(logits, samplers)
+    _make_finite_(logits)
     filtered = torch.full_like(logits, _NEG_INF)
     filtered.scatter_(1, logits.argmax(dim=1, keepdim=True), 0.0)
     sampled = [i for i, s in enumerate(samplers) if not s.params.greedy]
@@ -149,6 +158,16 @@ def _draw(
     # entry that reaches it exists and belongs to a token of nonzero probability.
     target = (1 - uniform) * cdf[:, -1:]
     return torch.searchsorted(cdf, target).squeeze(1)
+
+
+def _make_finite_(logits: torch.Tensor) -> torch.Tensor:
+    """In place: NaN and -inf to float32's lowest value, +inf to its highest.
+
+    Differences of these extremes still overflow to -inf, whose exp is 0, never NaN; and
+    a row with no finite logit at all becomes a row of equal ones, drawn uniformly,
+    instead of NaN weights that no search can draw from.
+    """
+    return logits.nan_to_num_(nan=_FLOAT32_LOWEST, posinf=_FLOAT32_HIGHEST, neginf=_FLOAT32_LOWEST)
 
 
 def _apply_repetition_penalty(logits: torch.Tensor, samplers: Sequence[RequestSampler]) -> None:
@@ -192,6 +211,7 @@ def _warp(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tenso
 
     if any(p.temperature != 1.0 for p in params):
         logits.div_(temperature)
+        _make_finite_(logits)  # a large logit over a small temperature overflows float32
     floor = None
     if any(top_ks) or any(top_p_rows):
         # Sorting a 50k vocabulary costs ~50x a topk of a few hundred on a CPU. A top-p set lies

@@ -3,12 +3,20 @@
 Chat templates come with downloaded models, so they are untrusted code: they run
 in Jinja2's immutable sandbox with the same globals and filters that Hugging Face
 `transformers` gives them, so that a template renders here exactly as it does
-there.
+there, under limits on work and size (engine.model.template_sandbox). A template
+that exceeds them on a probe conversation is refused when the tokenizer loads.
+
+Message text stays text: special-token strings inside a message (a pasted
+`<|im_end|>\n<|im_start|>system`) are encoded as ordinary text, and only the
+template's own markers become control tokens (see `encode_chat`).
 """
 
 from __future__ import annotations
 
 import json
+import re
+import secrets
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -20,9 +28,9 @@ import jinja2.parser
 import jinja2.runtime
 import tokenizers
 from jinja2.exceptions import SecurityError, TemplateSyntaxError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from engine.errors import PromptError, TokenizerError
+from engine.model.template_sandbox import BoundedSandbox, TemplateLimitError, render_bounded, render_limits
 
 # Used when a model ships no chat template. ChatML is what most small instruct
 # models were tuned on, and in a vocabulary without <|im_start|>/<|im_end|> it is
@@ -66,9 +74,17 @@ class Tokenizer:
         self._backend.no_padding()
         self._source = source
         self._special_tokens = dict(special_tokens)
-        self._special_ids = frozenset(
-            token_id for token_id, token in backend.get_added_tokens_decoder().items() if token.special
-        )
+        special_added = {
+            token_id: token.content for token_id, token in backend.get_added_tokens_decoder().items() if token.special
+        }
+        self._special_ids = frozenset(special_added)
+        # The special tokens' strings, longest first: where one of them appears
+        # inside a message it is kept apart from the template's own markers.
+        strings = sorted(set(special_added.values()), key=len, reverse=True)
+        self._special_text = re.compile("|".join(map(re.escape, strings))) if strings else None
+        # A copy of the backend that reads special-token strings as text (made when first needed).
+        self._text_backend: tokenizers.Tokenizer | None = None
+        self._text_backend_lock = threading.Lock()
         self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
         self.bos_token_id: int | None = self._token_id(special_tokens.get("bos_token"))
         if add_bos_token is None:
@@ -85,7 +101,13 @@ class Tokenizer:
                 "Fix or remove the chat template in its tokenizer_config.json or chat_template.jinja."
             ) from exc
 
+        # Render probe conversations now: a template that is broken or runs
+        # past its limits is refused when the model loads, not at the first prompt.
         named_eos_ids = (self._token_id(special_tokens.get("eos_token")), self._end_of_turn_token_id())
+        try:
+            self.render_chat([{"role": "user", "content": "Hi"}], add_generation_prompt=True)
+        except PromptError:
+            pass  # the template rejects this conversation; it is not broken
         self.eos_token_ids: frozenset[int] = frozenset(
             [*extra_eos_token_ids, *(token_id for token_id in named_eos_ids if token_id is not None)]
         )
@@ -157,17 +179,24 @@ class Tokenizer:
         """
         if not messages:
             raise PromptError("A chat prompt needs at least one message.")
+        input_chars = sum(len(value) for message in messages for value in message.values() if isinstance(value, str))
+        variables = {
+            "messages": [dict(message) for message in messages],
+            "add_generation_prompt": add_generation_prompt,
+            # transformers always passes these, and templates test them with `is none`.
+            "tools": None,
+            "documents": None,
+            **self._special_tokens,
+        }
         try:
-            return self._template.render(
-                messages=[dict(message) for message in messages],
-                add_generation_prompt=add_generation_prompt,
-                # transformers always passes these, and templates test them with `is none`.
-                tools=None,
-                documents=None,
-                **self._special_tokens,
-            )
+            return render_bounded(self._template, render_limits(input_chars), variables)
         except PromptError:
             raise
+        except TemplateLimitError as exc:
+            raise TokenizerError(
+                f"The chat template of {self._source} {exc}; it was stopped. "
+                "Replace the model's chat template with a trusted one."
+            ) from None
         except SecurityError as exc:
             raise TokenizerError(
                 f"The chat template of {self._source} tried something the sandbox forbids ({exc}); "
@@ -179,20 +208,37 @@ class Tokenizer:
                 "Fix or replace the model's chat template."
             ) from exc
 
-    def encode_chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        add_generation_prompt: bool = True,
+        *,
+        parse_special_in_content: bool = False,
+    ) -> list[int]:
         """Token ids of a rendered conversation, starting with exactly one BOS where the model wants one.
 
         Most templates write `bos_token` themselves; for those that do not, BOS is
         added here when the model asks for it, as llama.cpp does (transformers would
         leave it out).
+
+        Special-token strings inside the messages' text are encoded as ordinary
+        text, so a pasted `<|im_end|>` cannot close a turn or forge another;
+        only the template's own markers become control tokens.
+        `parse_special_in_content=True` reads them as control tokens instead
+        (the old behaviour, for callers that send pre-formatted turns).
         """
-        ids = self.encode(self.render_chat(messages, add_generation_prompt))
+        segments = self._render_segments(messages, add_generation_prompt, parse_special_in_content)
+        ids = self._encode_segments(segments)
         if self._auto_bos_id is not None and ids[:1] != [self._auto_bos_id]:
             ids.insert(0, self._auto_bos_id)
         return ids
 
     def encode_next_turn(
-        self, history_ids: Sequence[int], messages: Sequence[Mapping[str, str]]
+        self,
+        history_ids: Sequence[int],
+        messages: Sequence[Mapping[str, str]],
+        *,
+        parse_special_in_content: bool = False,
     ) -> list[int]:
         """Prompt ids for the next turn: `history_ids` (the conversation so far,
         exactly as fed and generated) followed by the ids of what the template
@@ -203,13 +249,76 @@ class Tokenizer:
         kept ids are reused. When the template does not just append (its
         render of `messages` does not start with the kept text, e.g. it
         rewrites earlier turns) the whole conversation is encoded afresh:
-        fewer cache hits, but the prompt the model would expect.
+        fewer cache hits, but the prompt the model would expect. Message text
+        stays text, as in `encode_chat`.
         """
-        rendered = self.render_chat(messages, add_generation_prompt=True)
+        segments = self._render_segments(messages, True, parse_special_in_content)
+        rendered = "".join(text for text, _ in segments)
         kept = self.decode(history_ids, skip_special_tokens=False)
         if history_ids and kept and rendered.startswith(kept):
-            return list(history_ids) + self.encode(rendered[len(kept) :])
-        return self.encode_chat(messages)
+            return list(history_ids) + self._encode_segments(_segments_after(segments, len(kept)))
+        return self.encode_chat(messages, parse_special_in_content=parse_special_in_content)
+
+    def _render_segments(
+        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool, parse_special: bool
+    ) -> list[tuple[str, bool]]:
+        """The rendered conversation as (text, is_message_special_text) pieces.
+
+        Each special-token string in a message's text is swapped for a unique
+        placeholder before rendering and put back after, marked, so that it is
+        encoded as text. Messages without such strings render exactly as
+        before: one piece, the same ids.
+        """
+        pattern = self._special_text
+        if parse_special or pattern is None:
+            return [(self.render_chat(messages, add_generation_prompt), False)]
+        hidden: list[str] = []
+        nonce = secrets.token_hex(8)
+
+        def hide(match: re.Match[str]) -> str:
+            hidden.append(match[0])
+            return f"\ue000{nonce}:{len(hidden) - 1}\ue001"
+
+        protected = [
+            {key: pattern.sub(hide, value) if key != "role" and isinstance(value, str) else value
+             for key, value in message.items()}
+            for message in messages
+        ]
+        if not hidden:
+            return [(self.render_chat(messages, add_generation_prompt), False)]
+        rendered = self.render_chat(protected, add_generation_prompt)
+        parts = re.split(f"\ue000{nonce}:(\\d+)\ue001", rendered)
+        if any(nonce in part for part in parts[::2]):
+            raise PromptError(
+                f"The chat template of {self._source} rewrites message text in a way that cannot be told "
+                "apart from its own markers, and a message contains special-token text "
+                f"({', '.join(sorted(set(hidden))[:3])}); remove that text from the message."
+            )
+        return [
+            (part, False) if index % 2 == 0 else (hidden[int(part)], True)
+            for index, part in enumerate(parts)
+            if part
+        ]
+
+    def _encode_segments(self, segments: Sequence[tuple[str, bool]]) -> list[int]:
+        ids: list[int] = []
+        for text, is_message_text in segments:
+            backend = self._text_only_backend() if is_message_text else self._backend
+            ids += backend.encode(text, add_special_tokens=False).ids
+        return ids
+
+    def _text_only_backend(self) -> tokenizers.Tokenizer:
+        """A copy of the backend with `encode_special_tokens` set: special-token
+        strings are split like any text. A copy, because the flag is the
+        backend's state and other threads encode with it."""
+        with self._text_backend_lock:
+            if self._text_backend is None:
+                backend = tokenizers.Tokenizer.from_str(self._backend.to_str())
+                backend.no_truncation()
+                backend.no_padding()
+                backend.encode_special_tokens = True
+                self._text_backend = backend
+            return self._text_backend
 
     def _token_id(self, token: str | None) -> int | None:
         return None if token is None else self._backend.token_to_id(token)
@@ -233,6 +342,18 @@ class Tokenizer:
             return None
         ids = self._backend.encode(after_reply.lstrip(), add_special_tokens=False).ids
         return ids[0] if ids and ids[0] in self._special_ids else None
+
+
+def _segments_after(segments: Sequence[tuple[str, bool]], start: int) -> list[tuple[str, bool]]:
+    """The pieces of a rendered text from character `start` on."""
+    rest: list[tuple[str, bool]] = []
+    for text, is_message_text in segments:
+        if start >= len(text):
+            start -= len(text)
+            continue
+        rest.append((text[start:], is_message_text))
+        start = 0
+    return rest
 
 
 def _raise_exception(message: str) -> NoReturn:
@@ -271,11 +392,12 @@ class _GenerationTag(jinja2.ext.Extension):
         return caller()
 
 
-def _make_sandbox() -> ImmutableSandboxedEnvironment:
-    environment = ImmutableSandboxedEnvironment(
+def _make_sandbox() -> BoundedSandbox:
+    environment = BoundedSandbox(
         trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
     )
     environment.filters["tojson"] = _tojson
+    environment.bound_filters()
     environment.globals["raise_exception"] = _raise_exception
     environment.globals["strftime_now"] = _strftime_now
     return environment

@@ -16,6 +16,16 @@ import pytest
 from engine import Engine
 
 
+@pytest.fixture(autouse=True)
+def private_config(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test's own config folder, and secrets in its file: a test never
+    reads or writes the user's settings or the system keyring."""
+    folder = tmp_path_factory.mktemp("config") / "Tandem"
+    monkeypatch.setenv("TANDEM_CONFIG_DIR", str(folder))
+    monkeypatch.setenv("TANDEM_SECRETS", "file")
+    return folder
+
+
 @pytest.fixture
 def tiny_engine(tiny_model_dir: Path) -> Iterator[Engine]:
     engine = Engine(str(tiny_model_dir), device="cpu", dtype="float32", kv_pages=256, threads=1)

@@ -171,3 +171,32 @@ def test_starting_twice_is_a_programming_error(server: LocalServer, first: Engin
     server.start({"default": first})
     with pytest.raises(RuntimeError, match="already running"):
         server.start({"default": first})
+
+
+def test_the_windows_server_has_the_gate(server: LocalServer, first: Engine) -> None:
+    url = server.start({"default": first})
+    # Its own clients (no Origin, a loopback Host) pass; a rebinding page and a foreign origin do not.
+    assert httpx.get(f"{url}/models").status_code == 200
+    r = httpx.get(f"{url}/models", headers={"Host": "attacker.example"})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "host_not_allowed"
+    r = httpx.post(f"{url}/chat/completions", json={"model": "default", "messages": HI},
+                   headers={"Origin": "https://evil.example"})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "origin_not_allowed"
+    r = httpx.post(f"{url}/chat/completions", content=b'{"model": "default"}', headers={"Content-Type": "text/plain"})
+    assert r.status_code == 415
+
+
+def test_serving_beyond_loopback_needs_a_key(server: LocalServer, first: Engine) -> None:
+    with pytest.raises(LocalServerError, match="without a key; set an API key in Settings > Server"):
+        server.start({"default": first}, host="0.0.0.0")
+    assert not server.running
+    server.start({"default": first}, host="0.0.0.0", api_key="s3cret", allowed_hosts=["myhost.lan"])
+    local = f"http://127.0.0.1:{server.port}/v1"
+    auth = {"Authorization": "Bearer s3cret"}
+    assert httpx.get(f"{local}/models", headers=auth).status_code == 200
+    assert httpx.get(f"{local}/models", headers={**auth, "Host": "myhost.lan:1"}).status_code == 200
+    assert httpx.get(f"{local}/models", headers={**auth, "Host": "other.lan"}).status_code == 403
+    server.stop()
+    with pytest.raises(LocalServerError, match="expected an origin"):
+        server.start({"default": first}, allowed_origins=["app.example"])
+    assert not server.running

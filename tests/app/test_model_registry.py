@@ -8,7 +8,9 @@ default model's GGUF is only read, truncated, never imported here.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import stat
 import threading
 from pathlib import Path
 
@@ -742,3 +744,15 @@ def test_check_fits_says_when_nothing_can_make_room() -> None:
     assert not result.fits and not result.can_fit_by_unloading and result.unload == ()
     assert "even with every idle model unloaded" in result.message
     assert "wait for busy (3.0 GB) to finish its reply" in result.message
+
+
+def test_the_model_list_is_private_and_an_old_loose_one_is_tightened(data_dir: Path, model_folder: Path) -> None:
+    registry = ModelRegistry(data_dir / "models.json")
+    registry.add_folder(model_folder)
+    assert stat.S_IMODE(data_dir.stat().st_mode) == 0o700
+    assert stat.S_IMODE((data_dir / "models.json").stat().st_mode) == 0o600
+    # A list written before files were kept private.
+    os.chmod(data_dir / "models.json", 0o644)
+    reopened = ModelRegistry(data_dir / "models.json")
+    assert [e.id for e in reopened.models()] == [e.id for e in registry.models()]
+    assert stat.S_IMODE((data_dir / "models.json").stat().st_mode) == 0o600

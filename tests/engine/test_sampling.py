@@ -476,3 +476,62 @@ def test_defaults_and_edges_are_valid() -> None:
     assert not default.greedy
     assert SamplingParams(temperature=0).greedy
     SamplingParams(top_p=1, min_p=0, top_k=0, repetition_penalty=1, max_tokens=1, stop=("x",))
+
+
+# -- finite draws for any accepted parameter and any logits -----------------------------------
+
+
+@pytest.mark.parametrize("temperature", [1e-5, 1e-3, 1.0, 50.0])
+@pytest.mark.parametrize("penalty", [1e-40, 1e-6, 1.0, 1e6])
+def test_extreme_penalty_and_temperature_still_draw_a_token(temperature: float, penalty: float) -> None:
+    # repetition_penalty 1e-40 at temperature 1 once overflowed the seen logits to inf and
+    # the draw searched past the vocabulary ("index 49152 is out of bounds").
+    vocab = 64
+    logits = random_logits(3, vocab, seed=5, scale=30.0)
+    samplers = [make_sampler(prompt_ids=(1, 2, 3, 40), temperature=temperature,
+                             repetition_penalty=penalty, top_p=p, min_p=m, seed=i)
+                for i, (p, m) in enumerate([(1.0, 0.0), (0.9, 0.0), (1.0, 0.2)])]
+    for _ in range(5):
+        tokens = sample(logits, samplers)
+        assert all(0 <= t < vocab for t in tokens)
+    filtered = _filtered_logits(logits, samplers)
+    assert not filtered.isnan().any()
+    assert (filtered > -math.inf).any(dim=1).all()  # every row keeps a token to draw
+
+
+def test_non_finite_logits_never_break_the_draw() -> None:
+    vocab = 16
+    logits = torch.randn(4, vocab, generator=torch.Generator().manual_seed(0))
+    logits[0, 3] = math.inf  # an overflowing model: the inf token wins
+    logits[1, :] = math.nan  # a row of NaN: some token, never a failure
+    logits[2, 5] = math.nan  # one NaN token is never drawn
+    logits[2, 6] = -math.inf
+    logits[3, :] = -math.inf  # nothing finite at all
+    params = {"temperature": 1.0, "top_k": 8, "top_p": 0.95, "min_p": 0.05}
+    for seed in range(20):
+        samplers = [make_sampler(seed=seed * 4 + i, **params) for i in range(4)]
+        tokens = sample(logits, samplers)
+        assert all(0 <= t < vocab for t in tokens)
+        assert tokens[0] == 3
+        assert tokens[2] not in (5, 6)
+    greedy = [make_sampler(temperature=0.0, repetition_penalty=1.5, prompt_ids=(0,)) for _ in range(4)]
+    assert all(0 <= t < vocab for t in sample(logits, greedy))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    temperature=st.floats(0.0, 1e4),
+    penalty=st.floats(1e-45, 1e30, exclude_min=False).filter(lambda x: x > 0),
+    top_p=st.floats(0.0, 1.0, exclude_min=True),
+    min_p=st.floats(0.0, 1.0, exclude_max=True),
+    top_k=st.integers(0, 40),
+    scale=st.sampled_from([1.0, 1e3, 1e30, 1e38]),
+)
+def test_any_accepted_parameters_draw_a_token_in_the_vocabulary(
+    temperature: float, penalty: float, top_p: float, min_p: float, top_k: int, scale: float
+) -> None:
+    vocab = 32
+    logits = random_logits(2, vocab, seed=1) * scale
+    samplers = [make_sampler(prompt_ids=(0, 1, 2), temperature=temperature, repetition_penalty=penalty,
+                             top_p=top_p, min_p=min_p, top_k=top_k, seed=s) for s in range(2)]
+    assert all(0 <= t < vocab for t in sample(logits, samplers))

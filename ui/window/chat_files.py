@@ -74,7 +74,7 @@ class ChatFiles:
 
     def import_chat(self, path: str | None = None) -> None:
         """Open a chat exported as Tandem JSON in a new pane (and save it)."""
-        from app.store.export import ChatImportError, from_json
+        from app.store.export import read_chat_file
 
         window = self._window
         if path is None:
@@ -83,17 +83,8 @@ class ChatFiles:
             path, _ = QFileDialog.getOpenFileName(window, "Import chat", str(Path.home()), "Tandem chat (*.json)")
             if not path:
                 return
-        name = Path(path).name
         try:
-            try:
-                data = json.loads(Path(path).read_text(encoding="utf-8"))
-            except json.JSONDecodeError as exc:
-                raise ChatImportError(
-                    f"{name} is not a Tandem chat: it is not valid JSON ({exc.msg}, line {exc.lineno})."
-                ) from None
-            except (OSError, UnicodeDecodeError) as exc:
-                raise ChatImportError(f"{name} could not be read: {exc}") from None
-            pane = window.workspace.open_conversation(from_json(data), after=window.current_pane_id)
+            pane = window.workspace.open_conversation(read_chat_file(path), after=window.current_pane_id)
         except Exception as exc:
             window.report_error("Importing", exc)
             return

@@ -1,5 +1,6 @@
-"""The ASGI app: routes to the endpoint handlers, the API-key check, and
-every failure answered in the OpenAI error shape (never a traceback).
+"""The ASGI app: the gate (gate.py: Host, Origin, Content-Type) before every
+route, routes to the endpoint handlers, the API-key check, and every failure
+answered in the OpenAI error shape (never a traceback).
 
 Each handler is `async (request, models) -> Response` and raises
 `APIError` for anything it refuses; the wrapper here turns that into the
@@ -8,13 +9,13 @@ JSON error answer.
 
 from __future__ import annotations
 
-import hmac
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -22,6 +23,7 @@ from starlette.routing import Route
 from engine.entrypoints.openai import protocol as proto
 from engine.entrypoints.openai.chat import create_chat_completion
 from engine.entrypoints.openai.completions import create_completion
+from engine.entrypoints.openai.gate import Gate, GatePolicy, check_api_key
 from engine.entrypoints.openai.models import ServedModels, health, list_models, retrieve_model, served_models
 from engine.entrypoints.openai.protocol import APIError
 
@@ -38,6 +40,8 @@ def create_app(
     model_name: str | None = None,
     *,
     api_key: str | None = None,
+    allowed_hosts: Iterable[str] = (),
+    allowed_origins: Iterable[str] = (),
 ) -> Starlette:
     """The ASGI app serving `engines`: one Engine (under `model_name`, by
     default its folder's name), a mapping of model id -> Engine, or a
@@ -46,9 +50,15 @@ def create_app(
 
     The engines stay the caller's: the app never closes them. With
     `api_key`, every /v1 request must carry `Authorization: Bearer <api_key>`.
+
+    Every request passes the gate first (engine.entrypoints.openai.gate): its
+    `Host` must be loopback or in `allowed_hosts`, an `Origin` must be in
+    `allowed_origins` (exact, e.g. "https://app.example"; those get CORS
+    headers), and a POST body must be `application/json`.
     """
     if api_key is not None and not api_key:
         raise ValueError("api_key must be a non-empty string or None")
+    policy = GatePolicy.of(allowed_hosts, allowed_origins)
     models = served_models(engines, model_name)
 
     def route(path: str, handler: Handler, method: str, *, auth: bool = True) -> Route:
@@ -63,9 +73,11 @@ def create_app(
     ]
     app = Starlette(
         routes=routes,
+        middleware=[Middleware(Gate, policy=policy)],
         exception_handlers={HTTPException: _http_error, Exception: _unexpected_error},
     )
     app.state.models = models
+    app.state.gate = policy
     return app
 
 
@@ -79,18 +91,6 @@ def _endpoint(handler: Handler, models: ServedModels, api_key: str | None) -> Ca
             return error_response(exc)
 
     return endpoint
-
-
-def check_api_key(request: Request, api_key: str) -> None:
-    """Raise a 401 APIError unless the request carries `Authorization: Bearer <api_key>`."""
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise APIError(401, "This server needs an API key: send 'Authorization: Bearer YOUR_KEY'.",
-                       code="invalid_api_key")
-    # Constant time, so the key cannot be guessed a byte at a time from response times.
-    if not hmac.compare_digest(token.strip().encode(), api_key.encode()):
-        raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
 
 
 def error_response(error: APIError) -> JSONResponse:

@@ -15,7 +15,7 @@ from engine.entrypoints.openai.streaming import stream_choices
 async def create_chat_completion(request: Request, models: ServedModels) -> Response:
     req = proto.parse_chat_request(await read_json(request))
     engine = models.require(req.model)
-    ids = await encode_prompt(engine, req.messages, "messages")
+    ids = await encode_prompt(engine, req.messages, "messages", parse_special_in_content=req.parse_special_tokens)
     # Unasked, a chat reply may run until the context (or the KV cache) is full.
     limit = reply_limit(engine, len(ids), req.sampling.max_tokens, None)
     choices = start_choices(engine, [ids], req.sampling, [limit], param="messages", model=req.model)

@@ -15,7 +15,9 @@ what its thread pushes back arrives through `loop.call_soon_threadsafe`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+import threading
+import weakref
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -132,15 +134,62 @@ class Choices:
 # -- before the engine: prompts, limits, parameters ---------------------------------
 
 
-async def encode_prompt(engine: Engine, prompt: Any, param: str) -> list[int]:
-    """Token ids of one prompt (messages, text or ids); a 400 naming `param` when it cannot run."""
+async def encode_prompt(engine: Engine, prompt: Any, param: str, *, parse_special_in_content: bool = False) -> list[int]:
+    """Token ids of one prompt (messages, text or ids); a 400 naming `param` when it cannot run.
+
+    A prompt longer than the context could ever hold is refused before it is
+    tokenized: a 20 MB prompt would otherwise cost seconds of CPU and
+    gigabytes of memory only to be refused afterwards."""
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], Mapping) \
+            and len(prompt) > engine.max_context:  # token ids
+        raise APIError(400, f"The prompt has {len(prompt):,} tokens, more than the model's context "
+                       f"of {engine.max_context} tokens; shorten it.",
+                       param=param, code="context_length_exceeded")
     # Chat templates and tokenizers are CPU work: keep them off the event loop.
     try:
-        return await asyncio.to_thread(engine.encode_prompt, prompt)
+        return await asyncio.to_thread(_encode_bounded, engine, prompt, param, parse_special_in_content)
     except PromptError as exc:
         raise APIError(400, str(exc), param=param, code="invalid_prompt") from None
     except EngineError as exc:  # a broken chat template (TokenizerError)
         raise APIError(500, str(exc), type="server_error", code="template_error") from None
+
+
+def _encode_bounded(engine: Engine, prompt: Any, param: str, parse_special_in_content: bool) -> list[int]:
+    chars = prompt_chars(prompt)
+    limit = engine.max_context * max_chars_per_token(engine.tokenizer)
+    if chars > limit:
+        raise APIError(400, f"The prompt is {chars:,} characters long; the model's context of "
+                       f"{engine.max_context} tokens holds at most about {limit:,} characters of it. "
+                       "Shorten it.", param=param, code="context_length_exceeded")
+    return engine.encode_prompt(prompt, parse_special_in_content=parse_special_in_content)
+
+
+def prompt_chars(prompt: Any) -> int:
+    """The characters of text in a prompt (a string, or chat messages' contents); 0 for token ids."""
+    if isinstance(prompt, str):
+        return len(prompt)
+    if isinstance(prompt, list):
+        return sum(len(m.get("content") or "") for m in prompt if isinstance(m, Mapping))
+    return 0
+
+
+def max_chars_per_token(tokenizer: Any) -> int:
+    """A bound on the characters of text one token stands for: twice the longest token's
+    decoded text, plus one. Twice, because decoding a lone token may drop the space a
+    word-start marker stands for, and a normalizer may drop characters (accents) before
+    tokenizing. So a text longer than max_context times this needs more tokens than the
+    context has. Measured once per tokenizer (about 50 ms for a 50k vocabulary)."""
+    with _MEASURE_LOCK:
+        measured = _LONGEST_TOKEN_CHARS.get(tokenizer)
+        if measured is None:
+            measured = max((len(tokenizer.decode([i], skip_special_tokens=False))
+                            for i in range(tokenizer.vocab_size)), default=1)
+            _LONGEST_TOKEN_CHARS[tokenizer] = measured
+    return 2 * (measured + 1)
+
+
+_MEASURE_LOCK = threading.Lock()
+_LONGEST_TOKEN_CHARS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
 
 def reply_limit(engine: Engine, prompt_len: int, requested: int | None, default: int | None) -> int:

@@ -35,9 +35,10 @@ log = logging.getLogger(__name__)
 
 # OpenAI's own limit; each choice is a request of its own in the engine.
 MAX_CHOICES = 128
-# The engine divides float32 logits by the penalty: below about 1e-37 that
-# overflows to inf and the draw fails. Far below any useful value (0.5 already
-# makes the model loop), so the API refuses what the sampler cannot take.
+# The engine divides float32 logits by the penalty, so a tiny one overflows them
+# (the sampler now makes them finite again, so the draw never fails). Far below
+# any useful value (0.5 already makes the model loop): the API refuses what can
+# only be a mistake rather than answer with one token forced forever.
 MIN_REPETITION_PENALTY = 1e-6
 # What the legacy completions endpoint generates when max_tokens is not given.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -100,6 +101,9 @@ class ChatRequest:
     sampling: SamplingFields
     stream: bool
     include_usage: bool
+    # Tandem's extension: read special-token text inside message contents as
+    # control tokens (the old behaviour); by default message text stays text.
+    parse_special_tokens: bool = False
 
 
 @dataclass(slots=True)
@@ -304,6 +308,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         sampling=_sampling(body, ("max_completion_tokens", "max_tokens")),
         stream=stream,
         include_usage=include_usage,
+        parse_special_tokens=_bool(body, "parse_special_tokens", False),
     )
 
 

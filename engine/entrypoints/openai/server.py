@@ -1,6 +1,7 @@
 """An OpenAI-compatible HTTP server over one or several Engines.
 
     python -m engine serve --model default [--host 127.0.0.1] [--port 8000] [--api-key KEY]
+        [--allow-host NAME]... [--allow-origin https://app.example]...
     (the `serve` command itself: engine.entrypoints.cli.serve)
 
 Endpoints: `GET /v1/models`, `GET /v1/models/{id}`, `POST
@@ -18,7 +19,9 @@ re-exported from where they live (one concept a module, as vLLM's
     streaming.py     server-sent events of one call, aborted however they end
     chat.py          POST /v1/chat/completions
     completions.py   POST /v1/completions
-    app.py           create_app: routes, the API-key check, error answers
+    gate.py          before any route: Host, Origin (CORS), Content-Type; the API key; no
+                     listening beyond loopback without a key (docs/security.md)
+    app.py           create_app: the gate, routes, error answers
     serving.py       RunningServer, bind, serve_in_thread: uvicorn on a background thread
 
 Every request joins the engine's continuous batch: the handlers only submit
@@ -37,17 +40,22 @@ Nothing here imports torch or uvicorn at import time, so that the CLI's
 from __future__ import annotations
 
 from engine.entrypoints.openai.app import create_app
+from engine.entrypoints.openai.gate import ExposedWithoutKeyError, GatePolicy, is_loopback, require_key_beyond_loopback
 from engine.entrypoints.openai.models import ServedModels, model_name_for, served_models
 from engine.entrypoints.openai.request_body import MAX_BODY_BYTES
 from engine.entrypoints.openai.serving import RunningServer, bind, serve_in_thread
 
 __all__ = [
+    "ExposedWithoutKeyError",
+    "GatePolicy",
     "MAX_BODY_BYTES",
     "RunningServer",
     "ServedModels",
     "bind",
     "create_app",
+    "is_loopback",
     "model_name_for",
+    "require_key_beyond_loopback",
     "serve_in_thread",
     "served_models",
 ]

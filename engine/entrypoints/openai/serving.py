@@ -1,16 +1,18 @@
 """Running the app: uvicorn on a background thread, on a socket bound first
 so that a busy port is an error the caller sees, and port 0 picks a free one
-without a race. uvicorn is imported only when a server starts."""
+without a race; a socket bound beyond loopback needs an API key (gate.py).
+uvicorn is imported only when a server starts."""
 
 from __future__ import annotations
 
 import socket
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from engine.entrypoints.openai.app import create_app
+from engine.entrypoints.openai.gate import require_key_beyond_loopback
 from engine.entrypoints.openai.models import ServedModels
 
 if TYPE_CHECKING:
@@ -98,11 +100,22 @@ def serve_in_thread(
     host: str = "127.0.0.1",
     port: int = 0,
     api_key: str | None = None,
+    allowed_hosts: Iterable[str] = (),
+    allowed_origins: Iterable[str] = (),
     grace_s: float = 2.0,
 ) -> RunningServer:
-    """Serve `engines` (as `create_app` takes them) on host:port (port 0: any
-    free one) from a background thread; `.base_url` says where, `.models`
-    changes what it serves, `.close()` stops it. No engine is closed.
-    Raises OSError when the address cannot be bound (a port in use)."""
-    app = create_app(engines, model_name, api_key=api_key)
-    return RunningServer(app, bind(host, port), grace_s=grace_s)
+    """Serve `engines` (as `create_app` takes them, with its gate options) on
+    host:port (port 0: any free one) from a background thread; `.base_url`
+    says where, `.models` changes what it serves, `.close()` stops it. No
+    engine is closed. Raises OSError when the address cannot be bound (a port
+    in use), ExposedWithoutKeyError for an address beyond loopback without
+    `api_key`."""
+    app = create_app(engines, model_name, api_key=api_key, allowed_hosts=allowed_hosts,
+                     allowed_origins=allowed_origins)
+    sock = bind(host, port)
+    try:
+        require_key_beyond_loopback(sock.getsockname()[0], api_key, "pass api_key=...")
+    except BaseException:
+        sock.close()
+        raise
+    return RunningServer(app, sock, grace_s=grace_s)

@@ -49,6 +49,7 @@ from engine.formats.gguf.tables import (
     CONFIG_TENSORS,
     FLOAT_TYPES,
     KEPT_TYPES,
+    LAYER_NUMBER_RE,
     LAYER_TENSOR_RE,
     REQUIRED_LAYER_TENSORS,
     Architecture,
@@ -69,6 +70,7 @@ from engine.formats.staged_folder import (
     write_file,
     write_json,
 )
+from engine.model.config import check_dimensions, check_layer_indices
 from engine.model.quant import FOLDER_FORMAT_VERSION, GROUP_SIZE, quantize
 from engine.progress import (
     LoadReporter,
@@ -85,6 +87,18 @@ __all__ = ["IMPORTER_VERSION", "MARKER_NAME", "discard_folder", "import_gguf"]
 # 2: quantized tensors kept quantized (version 1 folders held float32 only
 # and load still; they are replaced on the next import of their file).
 IMPORTER_VERSION = 2
+
+# config.json's dimension fields -> the GGUF keys they come from (after the
+# architecture's prefix), so that a refusal names the key in the file.
+GGUF_DIMENSION_KEYS = {
+    "hidden_size": "embedding_length",
+    "intermediate_size": "feed_forward_length",
+    "num_hidden_layers": "block_count",
+    "num_attention_heads": "attention.head_count",
+    "num_key_value_heads": "attention.head_count_kv",
+    "head_dim": "attention.key_length",
+    "max_position_embeddings": "context_length",
+}
 
 
 def import_gguf(
@@ -279,36 +293,49 @@ def _model_config(gguf: GGUFFile, meta: GGUFMetadata, arch_name: str, arch: Arch
     embedding = tensors.get("token_embd.weight")
     if embedding is None:
         raise ModelLoadError(f"{meta.source.name} has no token_embd.weight tensor; the file is incomplete.")
-    hidden_size = int(meta.require(key("embedding_length")))
-    n_heads = int(meta.require(key("attention.head_count")))
-    n_kv_heads = meta.get(key("attention.head_count_kv"), n_heads)
+    n_kv_heads: Any = meta.get(key("attention.head_count_kv"))
     if isinstance(n_kv_heads, list):
-        if len(set(n_kv_heads)) != 1:
+        if len(set(n_kv_heads)) > 1:
             raise UnsupportedModelError(f"{meta.source.name} has a different number of KV heads per layer.")
-        n_kv_heads = n_kv_heads[0]
-    head_dim = int(meta.get(key("attention.key_length"), hidden_size // n_heads))
-    rotary_dim = int(meta.get(key("rope.dimension_count"), head_dim))
+        n_kv_heads = n_kv_heads[0] if n_kv_heads else None
+    # The dimensions as config.json names them, checked (engine.model.config)
+    # before anything is computed or sized from them.
+    dimensions: dict[str, Any] = {
+        "vocab_size": embedding.dims[-1],
+        "hidden_size": meta.require(key("embedding_length")),
+        "intermediate_size": meta.require(key("feed_forward_length")),
+        "num_hidden_layers": meta.require(key("block_count")),
+        "num_attention_heads": meta.require(key("attention.head_count")),
+        "num_key_value_heads": n_kv_heads,
+        "head_dim": meta.get(key("attention.key_length")),
+        "max_position_embeddings": meta.require(key("context_length")),
+    }
+    check_dimensions(dimensions, meta.source.name, {field: key(name) for field, name in GGUF_DIMENSION_KEYS.items()})
+    hidden_size = int(dimensions["hidden_size"])
+    n_heads = int(dimensions["num_attention_heads"])
+    head_dim = int(dimensions["head_dim"] or hidden_size // n_heads)
+    rotary_dim = meta.integer(key("rope.dimension_count"), head_dim)
     if rotary_dim != head_dim:
         raise UnsupportedModelError(
             f"{meta.source.name} applies RoPE to {rotary_dim} of {head_dim} head dimensions, "
             "which Tandem does not support."
         )
-    rope_theta = float(meta.get(key("rope.freq_base"), 10000.0))
+    rope_theta = meta.real(key("rope.freq_base"), 10000.0)
 
     config: dict[str, Any] = {
         "architectures": [arch.hf_class],
         "model_type": arch.model_type,
         "hidden_size": hidden_size,
-        "intermediate_size": int(meta.require(key("feed_forward_length"))),
-        "num_hidden_layers": int(meta.require(key("block_count"))),
+        "intermediate_size": int(dimensions["intermediate_size"]),
+        "num_hidden_layers": int(dimensions["num_hidden_layers"]),
         "num_attention_heads": n_heads,
-        "num_key_value_heads": int(n_kv_heads),
+        "num_key_value_heads": int(dimensions["num_key_value_heads"] or n_heads),
         "head_dim": head_dim,
         "hidden_act": "silu",
-        "rms_norm_eps": float(meta.require(key("attention.layer_norm_rms_epsilon"))),
+        "rms_norm_eps": meta.real(key("attention.layer_norm_rms_epsilon")),
         "rope_theta": rope_theta,
-        "max_position_embeddings": int(meta.require(key("context_length"))),
-        "vocab_size": int(embedding.dims[-1]),
+        "max_position_embeddings": int(dimensions["max_position_embeddings"]),
+        "vocab_size": int(dimensions["vocab_size"]),
         "tie_word_embeddings": "output.weight" not in tensors,
     }
     if arch.model_type == "llama":
@@ -334,7 +361,8 @@ def _rope_scaling(
     meta: GGUFMetadata, arch_name: str, rope_freqs: np.ndarray | None, rope_theta: float, head_dim: int
 ) -> dict[str, Any] | None:
     kind = meta.get(f"{arch_name}.rope.scaling.type")
-    factor = meta.get(f"{arch_name}.rope.scaling.factor")
+    factor_key = f"{arch_name}.rope.scaling.factor"
+    factor = None if meta.get(factor_key) is None else meta.real(factor_key)
     if kind is None and (linear := meta.get(f"{arch_name}.rope.scale_linear")) is not None:
         kind, factor = "linear", linear  # the key older converters wrote
     if rope_freqs is not None:
@@ -351,9 +379,7 @@ def _rope_scaling(
         scaling = {
             "rope_type": "yarn",
             "factor": factor,
-            "original_max_position_embeddings": int(
-                meta.require(f"{arch_name}.rope.scaling.original_context_length")
-            ),
+            "original_max_position_embeddings": meta.integer(f"{arch_name}.rope.scaling.original_context_length"),
         }
         for name in ("beta_fast", "beta_slow"):
             if (value := meta.get(f"{arch_name}.rope.scaling.yarn_{name}")) is not None:
@@ -441,6 +467,12 @@ def _plan_tensors(gguf: GGUFFile, config: dict[str, Any], arch: Architecture) ->
     }
     rope_heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
 
+    check_layer_indices(
+        n_layers,
+        (int(match[1]) for name in tensors if (match := LAYER_NUMBER_RE.match(name))),
+        source.name,
+        label=f"{gguf.header.architecture}.block_count (num_hidden_layers)",
+    )
     planned: list[_PlannedTensor] = []
     for name, tensor in tensors.items():
         if name in CONFIG_TENSORS:

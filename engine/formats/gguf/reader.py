@@ -18,6 +18,7 @@ the next multiple of `general.alignment` (32), the tensors' data.
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,13 @@ DEFAULT_ALIGNMENT = 32
 # Arrays longer than this are skipped by `read_gguf_header(long_arrays=False)`:
 # the vocabulary's tokens and merges, which a summary does not need.
 SHORT_ARRAY = 1024
+# The most items a metadata array may have: a vocabulary's tokens, scores or
+# merges (the largest vocabularies have ~260k tokens). A count within the
+# file's size could still ask for a Python list dozens of times the file.
+MAX_ARRAY_ITEMS = 1 << 22
+# GGUF nests arrays one level at most (none of llama.cpp's keys do); a deeper
+# nesting is a way to exhaust the stack, not a model.
+MAX_ARRAY_DEPTH = 2
 
 _STRING, _ARRAY = 8, 9
 _FLOAT32 = 6
@@ -232,7 +240,7 @@ def _parse(buf: memoryview, path: Path, long_arrays: bool) -> GGUFHeader:
         metadata: dict[str, Any] = {}
         for _ in range(kv_count):
             key = cursor.string("a metadata key")
-            value = _read_value(cursor, cursor.take("<I"), key, long_arrays, top=True)
+            value = _read_value(cursor, cursor.take("<I"), key, long_arrays)
             if value is not _SKIPPED:
                 metadata[key] = value
         infos = [_read_tensor_info(cursor) for _ in range(tensor_count)]
@@ -282,7 +290,7 @@ def _parse(buf: memoryview, path: Path, long_arrays: bool) -> GGUFHeader:
 _SKIPPED = object()
 
 
-def _read_value(cursor: _Cursor, kind: int, key: str, long_arrays: bool, top: bool = False) -> Any:
+def _read_value(cursor: _Cursor, kind: int, key: str, long_arrays: bool, depth: int = 0) -> Any:
     scalar = _SCALARS.get(kind)
     if scalar is not None:
         value = cursor.take(scalar[0])
@@ -296,11 +304,15 @@ def _read_value(cursor: _Cursor, kind: int, key: str, long_arrays: bool, top: bo
         return cursor.string(f"the metadata {key!r}")
     if kind != _ARRAY:
         raise _Damaged(f"the metadata {key!r} has the unknown type {kind}")
+    if depth >= MAX_ARRAY_DEPTH:
+        raise _Damaged(f"the metadata {key!r} nests arrays more than {MAX_ARRAY_DEPTH} deep")
     item_kind = cursor.take("<I")
     if item_kind not in _MIN_VALUE_BYTES:
         raise _Damaged(f"the metadata {key!r} is an array of the unknown type {item_kind}")
     count = cursor.count(f"the metadata {key!r}", _MIN_VALUE_BYTES[item_kind])
-    skip = top and not long_arrays and count > SHORT_ARRAY
+    if count > MAX_ARRAY_ITEMS:
+        raise _Damaged(f"the metadata {key!r} claims {count} items, more than any model has ({MAX_ARRAY_ITEMS})")
+    skip = depth == 0 and not long_arrays and count > SHORT_ARRAY
     scalar = _SCALARS.get(item_kind)
     if scalar is not None:
         size = count * _MIN_VALUE_BYTES[item_kind]
@@ -313,7 +325,7 @@ def _read_value(cursor: _Cursor, kind: int, key: str, long_arrays: bool, top: bo
             cursor.need(length, f"the metadata {key!r}")
             cursor.pos += length
         return _SKIPPED
-    items = [_read_value(cursor, item_kind, key, long_arrays) for _ in range(count)]
+    items = [_read_value(cursor, item_kind, key, long_arrays, depth + 1) for _ in range(count)]
     return _SKIPPED if skip else items
 
 
@@ -346,3 +358,23 @@ class GGUFMetadata:
                 "or was written by a converter Tandem does not know."
             )
         return value
+
+    def integer(self, key: str, default: int | None = None) -> int:
+        """A whole-number value (`default` when absent; required without one)."""
+        value = self.require(key) if default is None else self._values.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self._wrong_type(key, value, "a whole number")
+        return value
+
+    def real(self, key: str, default: float | None = None) -> float:
+        """A finite number (`default` when absent; required without one)."""
+        value = self.require(key) if default is None else self._values.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise self._wrong_type(key, value, "a finite number")
+        return float(value)
+
+    def _wrong_type(self, key: str, value: Any, wanted: str) -> GGUFFormatError:
+        shown = repr(value) if len(repr(value)) < 60 else type(value).__name__
+        return GGUFFormatError(
+            f"{self.source.name}: the GGUF metadata {key!r} is {shown}, not {wanted}; the file is corrupt."
+        )

@@ -52,6 +52,8 @@ LAYER_TENSORS = {
 }
 REQUIRED_LAYER_TENSORS = tuple(f"{name}.weight" for name in LAYER_TENSORS)
 LAYER_TENSOR_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+# The layer number of any layer tensor, known kind or not.
+LAYER_NUMBER_RE = re.compile(r"blk\.(\d+)\.")
 # Tensors that never become model weights (folded into config.json instead).
 CONFIG_TENSORS = frozenset({"rope_freqs.weight"})
 
