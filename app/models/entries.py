@@ -25,7 +25,11 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MODEL_ID = "default"
 
-ModelKind = Literal["default", "folder", "gguf"]
+# "download": a safetensors folder downloaded from Hugging Face into the
+# models folder (a downloaded GGUF file is imported: "gguf").
+ModelKind = Literal["default", "folder", "gguf", "download"]
+# Kinds whose folder Tandem wrote into its models folder, deleted on removal.
+IMPORTED_KINDS: tuple[str, ...] = ("gguf", "download")
 
 # "Quantize at load" choices of a float model (engine.config.QUANTIZE_MODES).
 QUANTIZE_CHOICES: tuple[str, ...] = tuple(QUANTIZE_MODES)
@@ -35,11 +39,12 @@ QUANTIZE_CHOICES: tuple[str, ...] = tuple(QUANTIZE_MODES)
 class ModelEntry:
     id: str
     name: str
-    # The folder the engine loads: the user's folder, or the imported copy of
-    # a GGUF file. None for the default (imported on first use, engine's choice).
+    # The folder the engine loads: the user's folder, the imported copy of
+    # a GGUF file or the downloaded folder. None for the default (imported on first use, engine's choice).
     path: Path | None
     kind: ModelKind
-    # Imports only: the GGUF file it was imported from.
+    # Imports only: the GGUF file it was imported from; downloads:
+    # 'owner/repo/file.gguf' or 'owner/repo' (a relative path).
     source: Path | None = None
     # Float checkpoints only: quantize the weights at load ("int8", "int4";
     # engine/formats/loader.py quantized_copy caches the result), None to run them
@@ -65,7 +70,14 @@ class ModelEntry:
 
     @property
     def kind_label(self) -> str:
+        if self.downloaded:
+            return "Downloaded GGUF" if self.kind == "gguf" else "Downloaded"
         return {"default": "Built in", "folder": "Folder", "gguf": "Imported GGUF"}[self.kind]
+
+    @property
+    def downloaded(self) -> bool:
+        """Whether it came from Hugging Face (its source is 'owner/repo[/file]')."""
+        return self.kind == "download" or (self.source is not None and not self.source.is_absolute())
 
 
 @dataclass(slots=True, frozen=True)
@@ -132,10 +144,10 @@ def entry_from_json(item: Any, imports_dir: Path) -> ModelEntry:
         if not path.is_absolute():
             raise ValueError(f"the folder {item['path']!r} is not an absolute path")
         return ModelEntry(model_id, name, path, "folder", quantize=quantize, max_context=max_context)
-    if kind == "gguf":
+    if kind in IMPORTED_KINDS:
         source = item.get("source")
         return ModelEntry(
-            model_id, name, imports_dir / model_id, "gguf",
+            model_id, name, imports_dir / model_id, kind,
             Path(source) if isinstance(source, str) else None, quantize, max_context,
         )
     raise ValueError(f"unknown kind {kind!r}")

@@ -71,3 +71,27 @@ class ModelUnavailableError(ModelError):
 class InvalidContextError(ModelError):
     """A context length cap the model cannot take (not a whole number of
     tokens, less than one, or more than the model was trained for)."""
+
+
+class HubError(ModelError):
+    """Hugging Face answered something Tandem cannot use (no such repository, nothing it runs)."""
+
+
+class HubOfflineError(HubError):
+    """Hugging Face cannot be reached, or the connection was lost during a download."""
+
+
+class HubAccessError(HubError):
+    """401/403: a gated repository whose licence is not accepted, or a private one without a token."""
+
+
+class ChecksumMismatchError(HubError):
+    """A downloaded file whose SHA-256 is not the one the repository lists; it is deleted."""
+
+
+class DownloadCancelledError(ModelError):
+    """The user cancelled a download; nothing of it was kept."""
+
+
+class DownloadPausedError(ModelError):
+    """The user paused a download; what was downloaded is kept for Resume."""

@@ -33,19 +33,23 @@ def import_gguf_file(
     path: Path,
     on_progress: Callable[[LoadProgress], None] | None = None,
     cancel: threading.Event | None = None,
+    source: Path | None = None,
 ) -> ModelEntry:
-    """ModelRegistry.import_gguf: see there."""
-    source = path.expanduser().resolve()
+    """ModelRegistry.import_gguf: see there. `source`: what the entry
+    records as its origin when it is not `path` (a download records
+    'owner/repo/file.gguf'; its file is deleted after the import)."""
+    file = path.expanduser().resolve()
+    origin = source or file
     # The header and the file's length first: a truncated download is then
     # refused in a fraction of a second. Read here, so that an OSError from
     # the importer below can only be about writing the copy.
-    check_gguf_file(source)
-    model_id = registry.reserve_import(source)
+    check_gguf_file(file)
+    model_id = registry.reserve_import(origin)
     dest = registry.imports_dir / model_id
-    cancelled = f"The import of {source.name} was cancelled; nothing was kept."
+    cancelled = f"The import of {file.name} was cancelled; nothing was kept."
     try:
         try:
-            import_gguf(source, dest, on_progress=on_progress, cancel=cancel)
+            import_gguf(file, dest, on_progress=on_progress, cancel=cancel)
         except LoadCancelled as exc:
             raise ImportCancelledError(cancelled) from exc
         except FolderWriteError as exc:  # disk full, read-only
@@ -60,12 +64,12 @@ def import_gguf_file(
             try:
                 check_model_folder(dest)
             except ModelError as exc:
-                raise type(exc)(f"{source.name} was converted, but the result cannot be used: {exc}") from exc
-            entry = registry.register(ModelEntry(model_id, source.stem, dest, "gguf", source))
+                raise type(exc)(f"{file.name} was converted, but the result cannot be used: {exc}") from exc
+            entry = registry.register(ModelEntry(model_id, origin.stem, dest, "gguf", origin))
         except BaseException:
             discard_folder(dest)
             raise
     finally:
         registry.release_import(model_id)
-    log.info("imported %s as %s", source, model_id)
+    log.info("imported %s as %s", origin, model_id)
     return entry

@@ -50,6 +50,7 @@ from app.models.checks import (
 )
 from app.models.entries import (
     DEFAULT_MODEL_ID,
+    IMPORTED_KINDS,
     QUANTIZE_CHOICES,
     ModelDetails,
     ModelEntry,
@@ -166,7 +167,10 @@ class ModelRegistry:
         if not entry.path.is_dir():
             raise self._unavailable(entry)
         check = describe_model_folder(entry.path)
-        if entry.kind == "gguf":
+        if entry.downloaded:
+            source = f"Downloaded from Hugging Face: {entry.source.as_posix() if entry.source else '?'}"
+            origin = "from a GGUF file" if entry.kind == "gguf" else ""
+        elif entry.kind == "gguf":
             source = f"Imported from {display_path(entry.source)}" if entry.source else "Imported from a GGUF file"
             origin = "from a GGUF file"
         else:
@@ -375,7 +379,7 @@ class ModelRegistry:
         self.reload()
         with self._lock:
             for entry in self._entries:
-                if entry.kind == "gguf" and entry.source == source:
+                if entry.kind in IMPORTED_KINDS and entry.source == source:
                     raise DuplicateModelError(
                         f"{source.name} is already imported as “{entry.name}”.", entry.id
                     )
@@ -419,7 +423,7 @@ class ModelRegistry:
             except ModelStorageError:
                 self._entries.insert(index, entry)
                 raise
-        if entry.kind == "gguf" and entry.path is not None and entry.path.parent == self.imports_dir:
+        if entry.kind in IMPORTED_KINDS and entry.path is not None and entry.path.parent == self.imports_dir:
             discard_folder(entry.path)
         log.info("removed model %s", model_id)
         return entry
@@ -567,6 +571,11 @@ class ModelRegistry:
     @staticmethod
     def _unavailable(entry: ModelEntry) -> ModelUnavailableError:
         where = display_path(entry.path) if entry.path else "its folder"
+        if entry.downloaded:
+            return ModelUnavailableError(
+                f"The downloaded copy of “{entry.name}” ({where}) is gone. Remove the model and download "
+                "it again (Get models)."
+            )
         if entry.kind == "gguf":
             return ModelUnavailableError(
                 f"The imported copy of “{entry.name}” ({where}) is gone. Remove the model and import "
@@ -602,7 +611,10 @@ class ModelRegistry:
                         # an import by an older Tandem, dequantized
                         else f"{', '.join(check.dtypes)} (imported from {summary.main_type})"
                     ),
-                    size_on_disk_bytes=gguf_size + imported_size,
+                    # The folder the details name (issue 19: the sum with the
+                    # built-in GGUF read "197 MB" for a 94 MB folder); the
+                    # source line gives both sizes.
+                    size_on_disk_bytes=imported_size,
                     path=imported,
                     source=(
                         f"Built in: {gguf_path.name} ({format_bytes(gguf_size)}), "

@@ -51,7 +51,7 @@ from engine.model.config import ModelConfig
 from engine.formats.default_model import default_gguf_path
 from engine.formats.loader import quantized_copy
 from engine.model.quant import ConcatLinear, QuantizedTensor, cpu_kernel_available
-from engine.progress import LoadProgress
+from engine.progress import LoadProgress, format_bytes
 from tests.engine.test_gguf_import import TinyModel, write_gguf
 
 
@@ -130,6 +130,11 @@ def test_default_details_after_its_import_describe_the_imported_folder(
     assert details.stored == summary.kept_formats()
     assert details.stored.embedding == "q8_0" and details.stored.lm_head is None  # tied
     assert details.stored.matmul == (("q4_1", details.shape.matmul_params),)
+    # The size is the folder's own, not the folder plus the built-in GGUF it came from.
+    assert details.size_on_disk_bytes == sum(
+        p.stat().st_size for p in default_model_dir.rglob("*") if p.is_file()
+    )
+    assert f"imported once ({format_bytes(details.size_on_disk_bytes)})" in details.source
 
 
 # ---------------------------------------------------------------------------

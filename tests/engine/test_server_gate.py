@@ -292,7 +292,10 @@ def test_a_20_mb_prompt_is_refused_at_once_while_health_answers(
             waits.append(time.monotonic() - started)
             time.sleep(0.02)
     thread.join()
-    assert max(waits) < 1.0, waits
+    # Before the prompt was refused ahead of tokenizing, /health waited 24-26 s
+    # here. Answers take well under a second on a quiet machine (decoding the
+    # body holds the loop ~0.1-0.2 s); the bound leaves room for a busy one.
+    assert max(waits) < 3.0, waits
     error = _assert_error(answer["response"], 400, "context_length_exceeded")
     assert "characters" in error["message"] and str(engine.max_context) in error["message"]
     assert answer["seconds"] < 10

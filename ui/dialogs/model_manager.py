@@ -1,6 +1,7 @@
 """The model manager dialog.
 
-The dialog lists the registry's models with their details, adds a model
+The dialog lists the registry's models with their details, opens "Get
+models" (ui/dialogs/get_models.py: search Hugging Face and download), adds a model
 folder, imports a GGUF file (with a progress bar and a Cancel button) and
 removes models. A model's details hold what it loads with, kept per model
 in the registry: "Quantize at load" and "Context length" (see
@@ -54,6 +55,7 @@ from app.models.registry import (
 )
 from engine.errors import EngineError
 from engine.progress import LoadProgress, display_path, format_bytes
+from ui.dialogs.get_models import GetModelsDialog
 from ui.dialogs.load_choices import LoadChoices
 from ui.theme import muted_text_color
 
@@ -121,6 +123,7 @@ class ModelManagerDialog(QDialog):
         self.error_box: QMessageBox | None = None
         self.confirm_box: QMessageBox | None = None
         self.file_dialog: QFileDialog | None = None
+        self.get_models: GetModelsDialog | None = None
 
         self.model_list = QTreeWidget(self)
         self.model_list.setHeaderLabels(["Model", "Kind", "Size"])
@@ -215,14 +218,18 @@ class ModelManagerDialog(QDialog):
         self.import_button = QPushButton("&Import GGUF file…", self)
         self.import_button.setToolTip("A llama.cpp .gguf file, converted once into Tandem's models folder")
         self.import_button.clicked.connect(self.choose_gguf)
+        self.get_button = QPushButton("&Get models…", self)
+        self.get_button.setToolTip("Search Hugging Face for GGUF and safetensors models, and download one")
+        self.get_button.clicked.connect(self.open_get_models)
         self.remove_button = QPushButton("&Remove…", self)
         self.remove_button.clicked.connect(self.remove_selected)
         self.close_button = QPushButton("&Close", self)
         self.close_button.clicked.connect(self.reject)
         self.close_button.setAutoDefault(False)
-        for button in (self.add_button, self.import_button, self.remove_button, self.cancel_button):
+        for button in (self.get_button, self.add_button, self.import_button, self.remove_button, self.cancel_button):
             button.setAutoDefault(False)
         buttons = QHBoxLayout()
+        buttons.addWidget(self.get_button)
         buttons.addWidget(self.add_button)
         buttons.addWidget(self.import_button)
         buttons.addWidget(self.remove_button)
@@ -236,7 +243,7 @@ class ModelManagerDialog(QDialog):
         layout.addLayout(buttons)
 
         QShortcut(QKeySequence(QKeySequence.StandardKey.Delete), self.model_list, self.remove_selected)
-        order = [self.model_list, *self.load_choices.tab_order(), self.add_button, self.import_button,
+        order = [self.model_list, *self.load_choices.tab_order(), self.get_button, self.add_button, self.import_button,
                  self.remove_button, self.close_button, self.cancel_button]
         for first, second in zip(order, order[1:]):
             QWidget.setTabOrder(first, second)
@@ -378,6 +385,21 @@ class ModelManagerDialog(QDialog):
 
     # -- adding a folder -----------------------------------------------------------
 
+    def open_get_models(self) -> GetModelsDialog:
+        """The Get models dialog (one at a time); a model it downloads joins the list."""
+        if self.get_models is None:
+            device = str(self._engine_settings.get("device") or "auto")
+            self.get_models = GetModelsDialog(self.registry, self, device=device)
+            self.get_models.model_added.connect(self._model_downloaded)
+        self.get_models.show()
+        self.get_models.raise_()
+        self.get_models.activateWindow()
+        return self.get_models
+
+    def _model_downloaded(self, model_id: str) -> None:
+        self.refresh(select_id=model_id)
+        self.models_changed.emit()
+
     def choose_folder(self) -> None:
         dialog = QFileDialog(self, "Add a model folder")
         dialog.setFileMode(QFileDialog.FileMode.Directory)
@@ -499,11 +521,12 @@ class ModelManagerDialog(QDialog):
         if model_id is None or not self.remove_button.isEnabled():
             return
         entry = self.registry.get(model_id)
-        if entry.kind == "gguf":
+        if entry.kind in ("gguf", "download"):
             details = self._details.get(model_id)
             size = f" ({format_bytes(details.size_on_disk_bytes)})" if isinstance(details, ModelDetails) else ""
-            source = f" The original file {entry.source.name} is kept." if entry.source else ""
-            text = f"Remove “{entry.name}”? Its imported copy{size} will be deleted.{source}"
+            source = f" The original file {entry.source.name} is kept." if entry.source and not entry.downloaded else ""
+            copy = "downloaded" if entry.downloaded else "imported"
+            text = f"Remove “{entry.name}”? Its {copy} copy{size} will be deleted.{source}"
         else:
             where = display_path(entry.path) if entry.path else "it"
             text = f"Remove “{entry.name}” from the list? The folder {where} itself is not deleted."
@@ -554,6 +577,8 @@ class ModelManagerDialog(QDialog):
         # Closing the dialog stops an import it started: the user can no
         # longer see it or cancel it.
         self.cancel_import()
+        if self.get_models is not None and self.get_models.isVisible():
+            self.get_models.done(result)  # pauses its download; Resume continues next time
         super().done(result)
 
     def changeEvent(self, event: QEvent) -> None:  # noqa: N802 (Qt's name)
