@@ -13,7 +13,14 @@ chats are not touched.
 
 writes only window.png (the main window after a short reply in each pane)
 and model-manager.png (Models > Manage models over it), to check at a
-small size that nothing is cut off. `--help` lists the options.
+small size that nothing is cut off.
+
+    QT_QPA_PLATFORM=xcb xvfb-run -s '-screen 0 1600x1000x24' .venv/bin/python \
+        docs/images/make_screenshots.py --code-reply --size 1024x700 --panes 4
+
+writes code-1024x700-light.png and code-1024x700-dark.png: every pane after
+a long reply with a code block has finished (highlighted code that scrolls
+sideways inside its block, nothing cut off). `--help` lists the options.
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ os.environ.setdefault("TANDEM_DATA_DIR", tempfile.mkdtemp(prefix="tandem-shots-d
 
 HERE = Path(__file__).resolve().parent
 QUESTION = "What is a prefix cache in an LLM server? Answer briefly, then show a tiny Python example."
+CODE_QUESTION = "Write a Python function that parses CSV, with a code block"
+
 
 
 async def until(predicate, timeout: float = 900.0) -> None:  # type: ignore[no-untyped-def]
@@ -51,6 +60,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--panes", type=int, default=3, help="how many panes (default: 3)")
     parser.add_argument("--layout-check", action="store_true",
                         help="only window.png and model-manager.png, to check a size's layout")
+    parser.add_argument("--code-reply", action="store_true",
+                        help="only code-WxH-light.png and code-WxH-dark.png: a long code reply in every pane")
     args = parser.parse_args(argv)
     try:
         args.width, args.height = (int(n) for n in args.size.lower().split("x"))
@@ -83,7 +94,8 @@ def main(argv: list[str] | None = None) -> None:
     loop = TandemEventLoop(app)
     asyncio.set_event_loop(loop)
     settings = Settings()
-    settings.default_params = dataclasses.replace(SamplingParams(), max_tokens=40 if args.layout_check else 120)
+    max_tokens = 40 if args.layout_check else 360 if args.code_reply else 120
+    settings.default_params = dataclasses.replace(SamplingParams(), max_tokens=max_tokens, temperature=0.0)
     workspace = Workspace(settings)
     scratch = Path(os.environ["TANDEM_CONFIG_DIR"])
     session = ChatSession.open(scratch / "chats.sqlite3")
@@ -114,14 +126,27 @@ def main(argv: list[str] | None = None) -> None:
         await grab("model-manager.png", manager)
         manager.close()
 
+    async def code_reply() -> None:
+        window.composer.edit.setPlainText(CODE_QUESTION)
+        window.composer.send_button.click()
+        await until(lambda: all(len(p.conversation.messages) == 2 for p in panes))
+        await until(lambda: not any(p.busy for p in panes))
+        for view in window.panes.values():  # the start of the reply, with its code block, in view
+            view.scroll.verticalScrollBar().setValue(view.messages[1].y() - 4)
+        stem = f"code-{args.width}x{args.height}"
+        await grab(f"{stem}-light.png")
+        apply_theme(app, "dark")
+        await grab(f"{stem}-dark.png")
+        apply_theme(app, "light")
+
     async def scenario() -> None:
         window.show()
         window.load_engine()
         await until(lambda: workspace.engine_state in ("ready", "error"))
         if workspace.engine_state != "ready":
             raise SystemExit(f"model failed to load: {workspace.load_error}")
-        if args.layout_check:
-            await layout_check()
+        if args.layout_check or args.code_reply:
+            await (layout_check() if args.layout_check else code_reply())
             await close()
             return
         variants = [
