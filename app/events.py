@@ -76,6 +76,16 @@ class MessagesTruncated:
 
 
 @dataclass(slots=True, frozen=True)
+class ReplyVersionShown:
+    """The pane shows another version of the reply at `index`: messages from
+    `first` on (the user message it answers, whose text may differ) changed."""
+
+    pane_id: int
+    index: int
+    first: int
+
+
+@dataclass(slots=True, frozen=True)
 class EngineStateChanged:
     """A model's engine changed state: "unloaded" | "loading" | "ready" | "error" | "closed"."""
 
@@ -94,6 +104,7 @@ WorkspaceEvent = Union[
     ReplyDelta,
     ReplyFinished,
     MessagesTruncated,
+    ReplyVersionShown,
     EngineStateChanged,
 ]
 

@@ -75,6 +75,10 @@ def _prepare_folder(folder: Path) -> None:
         make_private_folder(folder)
 
 
+# The conversation text's zoom, in percent of the normal size.
+MIN_TEXT_ZOOM, MAX_TEXT_ZOOM = 50, 300
+
+
 @dataclass(slots=True)
 class Settings:
     model: str = "default"  # "default", a model folder or a .gguf file
@@ -92,6 +96,8 @@ class Settings:
     default_params: SamplingParams = field(default_factory=SamplingParams)
     default_system_prompt: str = ""
     theme: str = "system"
+    # The conversation text's size in percent of the normal size (View → Zoom; Ctrl+= / Ctrl+- / Ctrl+0).
+    text_zoom: int = 100
     # Free-form state the window keeps between runs (geometry, splitter sizes).
     ui_state: dict[str, Any] = field(default_factory=dict)
     # Not saved: what went wrong reading the file, for the window to show once.
@@ -278,6 +284,10 @@ _RULES: dict[str, _Rule] = {
     ),
     "default_system_prompt": _Rule("The default system prompt", lambda v: isinstance(v, str), "text"),
     "theme": _Rule("The theme", lambda v: v in THEMES, " or ".join(THEMES)),
+    "text_zoom": _Rule(
+        "The text zoom", lambda v: _is_int(v) and MIN_TEXT_ZOOM <= v <= MAX_TEXT_ZOOM,
+        f"a whole percentage from {MIN_TEXT_ZOOM} to {MAX_TEXT_ZOOM}",
+    ),
     "ui_state": _Rule("The window state", lambda v: isinstance(v, dict), "an object"),
 }
 

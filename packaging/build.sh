@@ -67,6 +67,11 @@ missing=$(find "$BUNDLE" -name '*.so*' -type f -path '*PySide6*' -print0 \
 $missing
 (adjust QT_LIBS_DROPPED_PREFIXES or QT_PLUGINS_KEPT in packaging/tandem.spec)"
 
+# Qt's X11 plugin must find the xcb libraries the bundle carries (a minimal
+# Debian or Ubuntu lacks them: README.md, "A minimal Linux desktop") inside
+# the bundle, not on this machine, and must miss none: checked with ldd.
+PYTHON="$PYTHON" packaging/check_xcb.sh "$BUNDLE" || fail "the bundle's X11 libraries are incomplete (above)"
+
 # The archive: the bundle with the install and uninstall scripts beside it.
 NAME=tandem-$VERSION-linux-$ARCH
 STAGE=build/archive/$NAME

@@ -1,8 +1,14 @@
-"""`tandem`: open the window.
+"""`tandem`: open the window; `tandem chats ...` and `tandem models ...`: the
+command-line tools (no window, no Qt).
 
-The window appears at once; the model loads behind it (with progress) and
-the message box becomes usable when it is ready. `--smoke-test OUT.png` runs
-the real app end to end for packaging and CI (see ui/smoke.py).
+The window's first frame is on screen a few tenths of a second after
+launch; the engine's heavy imports (torch) come after it (ui/startup.py),
+then the window itself, and the model loads behind it (with progress): the
+message box becomes usable when it is ready. Before Qt starts, a Linux
+machine is checked for the system libraries Qt's X11 plugin needs
+(ui/platform_check.py): a missing one is named, with the `apt` line that
+installs it. `--smoke-test OUT.png` runs the real app end to end for
+packaging and CI (see ui/smoke.py).
 """
 
 from __future__ import annotations
@@ -10,6 +16,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import importlib
+import importlib.util
 import logging
 import os
 import signal
@@ -33,13 +41,46 @@ def version() -> str:
         return "0.1.0"
 
 
+# `tandem NAME ...`: the module whose `main(argv) -> int` runs the subcommand.
+# A module that is not there (an older install) is reported, not imported.
+SUBCOMMANDS: dict[str, str] = {
+    "chats": "app.store.cli",  # list, export and import saved conversations
+    "models": "app.models.cli",  # the get-models issue (21): list, download, remove models
+}
+
+
+def run_subcommand(argv: list[str]) -> int | None:
+    """Run `tandem NAME ...` when argv[0] names a subcommand; None when it does not."""
+    if not argv or argv[0] not in SUBCOMMANDS:
+        return None
+    module_name = SUBCOMMANDS[argv[0]]
+    if importlib.util.find_spec(module_name) is None:
+        print(f"tandem: `tandem {argv[0]}` is not available in this version of Tandem.", file=sys.stderr)
+        return 2
+    return importlib.import_module(module_name).main(argv[1:])
+
+
+def window_size(text: str) -> tuple[int, int]:
+    """'1024x700' -> (1024, 700), for --window-size."""
+    width, sep, height = text.lower().replace("×", "x").partition("x")
+    try:
+        size = (int(width), int(height))
+    except ValueError:
+        size = (0, 0)
+    if not sep or not (320 <= size[0] <= 16384 and 240 <= size[1] <= 16384):
+        raise argparse.ArgumentTypeError(
+            f"expected WIDTHxHEIGHT in pixels, at least 320x240, such as 1024x700; got {text!r}")
+    return size
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="tandem",
         description="Tandem: local language models in several side-by-side conversations.",
         epilog="Settings are kept in the user config folder ($TANDEM_CONFIG_DIR overrides it); "
         "options given here apply to this run only. "
-        "`tandem chats --help`: list, export and import saved conversations.",
+        "`tandem chats --help`: list, export and import saved conversations; "
+        "`tandem models --help`: the models.",
     )
     parser.add_argument("--model", help="a model folder, a .gguf file, or 'default' (SmolLM2-135M-Instruct)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), help="where the model runs (default: auto)")
@@ -52,13 +93,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="panes to open with when there is no saved layout to restore (default: 2)",
     )
     parser.add_argument(
+        "--window-size", type=window_size, metavar="WxH",
+        help="the window's size for this run, e.g. 1024x700 (default: the saved size, else 1280x800)",
+    )
+    parser.add_argument(
         "--theme", choices=("system", "light", "dark"), help="colours (default: the saved choice, else the system's)"
     )
     parser.add_argument(
         "--smoke-test",
         metavar="OUT.png",
-        help="open two panes, send one prompt to both on the model, save a screenshot to OUT.png and exit "
-        "(0 on success; otherwise one line says why). Never touches your saved settings; its two "
+        help="open two panes (or --panes N), send one prompt to all of them on the model, save a screenshot "
+        "of the window (at --window-size, default 1280x800) to OUT.png, print the start-up times and exit "
+        "(0 on success; otherwise one line says why). Never touches your saved settings; its "
         "conversations are saved among your chats, titled 'Smoke test: ...', so a second start can check them.",
     )
     parser.add_argument("--version", action="version", version=f"tandem {version()}")
@@ -118,12 +164,16 @@ def _model_resolver(registry: ModelRegistry) -> Callable[[str], str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["chats"]:
-        # The saved conversations from the command line: no window, no Qt.
-        from app.store.cli import main as chats_main
-
-        return chats_main(argv[1:])
+    code = run_subcommand(argv)
+    if code is not None:
+        return code
     args = parse_args(argv)
+    from ui.platform_check import platform_problem
+
+    problem = platform_problem()
+    if problem is not None:  # Qt would abort blaming the wrong library: say what is missing first
+        print(problem, file=sys.stderr)
+        return 1
     if args.smoke_test:
         from ui.smoke import run_smoke_test
 
@@ -142,27 +192,36 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, on_interrupt)
 
-    # Imported after parsing, so `--help` answers at once.
-    from ui.event_loop import TandemEventLoop
+    # Only what the first frame needs before it shows (no torch): Qt, the
+    # settings (for the theme and the saved geometry), the theme.
     from PySide6.QtCore import QTimer
-    from PySide6.QtWidgets import QApplication
 
-    from app.store.chat_store import StoreError
-    from app.models.registry import ModelRegistry
-    from app.store.session import ChatSession
     from app.settings import Settings
-    from app.workspace.workspace import Workspace
     from ui import crash_log
-    from ui.window.main_window import MainWindow
+    from ui.startup import import_in_background, show_startup_frame, start_application
     from ui.theme import apply_theme
 
     saved = Settings.load()
     settings = _run_settings(saved, args)
-    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app = start_application(sys.argv[:1])
     app.setApplicationName("Tandem")
     app.setApplicationVersion(version())
     _set_app_identity(app)
     apply_theme(app, settings.theme)
+    frame = show_startup_frame(app, (saved.ui_state or {}).get("geometry"), args.window_size)
+
+    # The heavy imports, with the frame on screen and painting.
+    import_in_background()
+    if interrupted or frame.closed_by_user:
+        return 130 if interrupted else 0
+
+    from ui.event_loop import TandemEventLoop
+    from app.store.chat_store import StoreError
+    from app.models.registry import ModelRegistry
+    from app.store.session import ChatSession
+    from app.workspace.workspace import Workspace
+    from ui.window.main_window import MainWindow
+
     loop = TandemEventLoop(app)
     asyncio.set_event_loop(loop)
     crash_log.attach_loop(loop)
@@ -184,8 +243,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     if store_problem:
         window.show_store_problem(store_problem)
-    if not (saved.ui_state or {}).get("geometry"):
-        window.resize(1280, 800)
 
     if interrupted:
         return 130
@@ -193,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     async def run() -> None:
         closed = asyncio.Event()
         window.closed.connect(closed.set)
-        window.show()
+        frame.hand_over(window)  # where the frame is: the saved place, or where the user moved it
         if not window.crash_recovery:  # after a crash the user picks when (and what) to load
             window.load_engine()
         if interrupted:

@@ -1,13 +1,14 @@
 """`tandem --smoke-test OUT.png`: the real app, end to end, for packaging and CI.
 
-Two panes, one prompt broadcast to both on the model (the default one unless
---model says otherwise), both replies awaited, a screenshot of the whole
-window saved. Exit 0 on success; otherwise one line on stderr says why and
+Two panes (or `--panes N`), one prompt broadcast to all of them on the model
+(the default one unless --model says otherwise), every reply awaited, a
+screenshot of the whole window (1280x800, or `--window-size WxH`) saved, so
+that an installation can be checked at any size. Exit 0 on success; otherwise one line on stderr says why and
 the exit status is 1. Settings go to a temporary config folder, so the
 user's own are never read or written; imported models (TANDEM_DATA_DIR) are
 shared, so a second run does not import the model again.
 
-The two conversations are saved to the chat store in the data folder
+The conversations are saved to the chat store in the data folder
 (through app.store.session.ChatSession, as a run of the app saves them), titled
 "Smoke test: ...", so that a later start, or `tandem chats list`, proves the
 store written here is the one found there: that is what tells a packaged
@@ -15,7 +16,9 @@ app from one that keeps its data somewhere else. The saved window layout is
 left alone (the user's open panes are not replaced by the smoke test's).
 
 A line `startup: ...` gives the seconds from the process's start to the
-window being shown and to the model being ready (docs/packaging.md).
+window's first frame on screen, to the full window, and to the model being
+ready (docs/packaging.md). The smoke test starts as `tandem` does
+(ui/startup.py: the frame first, the heavy imports behind it).
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from ui.startup import process_age
+
+__all__ = ["process_age", "run_smoke_test"]
+
 PROMPT = "In one sentence, what is a tandem bicycle?"
 LOAD_TIMEOUT_S = 900.0  # the first run imports the GGUF file
 REPLY_TIMEOUT_S = 300.0
@@ -38,22 +45,6 @@ SMOKE_TITLE = "Smoke test"  # the saved conversations' titles start with it
 
 class SmokeFailure(Exception):
     pass
-
-
-def process_age() -> float | None:
-    """Seconds since this process started (Linux: from /proc), or None where
-    that is not known. In the one-folder bundle the bootloader and Python
-    are one process, so the bootloader's part of the start counts too."""
-    try:
-        with open("/proc/self/stat", encoding="ascii") as f:
-            # The command name (field 2) may hold spaces; the fields after it are plain.
-            fields = f.read().rsplit(")", 1)[1].split()
-        started_ticks = int(fields[19])  # field 22, starttime, in clock ticks after boot
-        with open("/proc/uptime", encoding="ascii") as f:
-            uptime = float(f.read().split()[0])
-        return uptime - started_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def run_smoke_test(args: argparse.Namespace) -> int:
@@ -71,28 +62,34 @@ def run_smoke_test(args: argparse.Namespace) -> int:
         except Exception as exc:  # whatever broke, one line, non-zero
             print(f"smoke test failed: {type(exc).__name__}: {exc}", file=sys.stderr)
             return 1
-    print(f"smoke test passed: two replies, screenshot saved to {out}")
+    print(f"smoke test passed: {args.panes or 2} replies, screenshot saved to {out}")
     return 0
 
 
 def _run(args: argparse.Namespace, out: Path) -> None:
-    from ui.event_loop import TandemEventLoop
-    from PySide6.QtWidgets import QApplication
-
-    from app.store.chat_store import StoreError
-    from app.store.session import ChatSession
     from app.settings import Settings
-    from app.workspace.workspace import Workspace
     from ui import crash_log
     from ui.main import _run_settings, _set_app_identity, version
-    from ui.window.main_window import MainWindow
+    from ui.startup import import_in_background, show_startup_frame, start_application
     from ui.theme import apply_theme
 
+    timings: dict[str, float | None] = {}
+    shown: list[str] = []  # the window's size on screen
     settings = _run_settings(Settings.load(), args)  # the temporary folder's: the defaults
-    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app = start_application(sys.argv[:1])
     app.setApplicationName("Tandem")
     _set_app_identity(app)
     apply_theme(app, settings.theme)
+    frame = show_startup_frame(app, None, args.window_size or (1280, 800))
+    timings["frame"] = process_age()
+    import_in_background()
+
+    from ui.event_loop import TandemEventLoop
+    from app.store.chat_store import StoreError
+    from app.store.session import ChatSession
+    from app.workspace.workspace import Workspace
+    from ui.window.main_window import MainWindow
+
     loop = TandemEventLoop(app)
     asyncio.set_event_loop(loop)
     crash_log.attach_loop(loop)
@@ -101,42 +98,43 @@ def _run(args: argparse.Namespace, out: Path) -> None:
     except StoreError as exc:
         raise SmokeFailure(f"the chat store cannot be used: {exc}") from None
     workspace = Workspace(settings)
-    first, second = workspace.add_pane(), workspace.add_pane()
+    panes = [workspace.add_pane() for _ in range(args.panes or 2)]
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    first.conversation.title = f"{SMOKE_TITLE}: greedy ({stamp})"
-    second.conversation.title = f"{SMOKE_TITLE}: sampled, seed 7 ({stamp})"
+    for number, pane in enumerate(panes):
+        kind = "greedy" if number == 0 else f"sampled, seed {6 + number}"
+        pane.conversation.title = f"{SMOKE_TITLE}: {kind} ({stamp})"
     window = MainWindow(workspace, settings, version=version(), save_settings=False)
-    window.resize(1280, 800)
-    timings: dict[str, float | None] = {}
 
     async def scenario() -> None:
-        window.show()
+        frame.hand_over(window)
         await asyncio.sleep(0)  # one turn of the loop: the window's first paint
         timings["window"] = process_age()
+        shown.append(f"{window.width()}x{window.height()}")
         window.load_engine()
         await _wait_ready(workspace)
         timings["ready"] = process_age()
         stats = workspace.stats()
         weights = stats.weights if stats is not None else "unknown"
         base = dataclasses.replace(settings.default_params, max_tokens=MAX_TOKENS)
-        workspace.set_params(first.id, dataclasses.replace(base, temperature=0.0, seed=None))
-        workspace.set_params(second.id, dataclasses.replace(base, temperature=0.7, seed=7))
+        for number, pane in enumerate(panes):
+            sampled = dataclasses.replace(base, temperature=0.7, seed=6 + number)
+            workspace.set_params(pane.id, dataclasses.replace(base, temperature=0.0, seed=None) if number == 0 else sampled)
         # Through the window, as a user would: the message box and Send.
         window.composer.edit.setPlainText(PROMPT)
         window.composer.send_button.click()
         for _ in range(600):  # the send task queues the requests at once, or says why not
             if window.composer.notice.isVisible():
                 raise SmokeFailure(f"the window refused the message: {window.composer.notice.text()}")
-            if all(p.conversation.messages for p in (first, second)):
+            if all(p.conversation.messages for p in panes):
                 break
             await asyncio.sleep(0.1)
         else:
             raise SmokeFailure("sending the message did not start any reply within 60 s")
         try:
-            await asyncio.wait_for(_replies_done(workspace, [first, second]), REPLY_TIMEOUT_S)
+            await asyncio.wait_for(_replies_done(workspace, panes), REPLY_TIMEOUT_S)
         except asyncio.TimeoutError:
             raise SmokeFailure(f"the replies did not finish within {REPLY_TIMEOUT_S:.0f} s") from None
-        for pane in (first, second):
+        for pane in panes:
             reply = pane.conversation.messages[-1]
             if reply.role != "assistant" or reply.state != "complete":
                 raise SmokeFailure(f"{pane.title}'s reply ended as {reply.state!r}: {reply.error or 'no error given'}")
@@ -148,7 +146,7 @@ def _run(args: argparse.Namespace, out: Path) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         if not window.grab().save(str(out), "PNG"):
             raise SmokeFailure(f"could not write the screenshot to {out}")
-        await _save_conversations(session, [first, second])
+        await _save_conversations(session, panes)
         print(f"weights: {weights}")
 
     failure: list[BaseException] = []
@@ -175,9 +173,10 @@ def _run(args: argparse.Namespace, out: Path) -> None:
     if failure:
         raise failure[0]
     print(
-        f"startup: window shown {_seconds(timings.get('window'))}, "
-        f"model ready {_seconds(timings.get('ready'))} after the process started"
+        f"startup: window shown {_seconds(timings.get('frame'))} (its first frame; the full window "
+        f"{_seconds(timings.get('window'))}), model ready {_seconds(timings.get('ready'))} after the process started"
     )
+    print(f"window: {shown[0] if shown else 'never shown'}, {len(panes)} panes")
 
 
 def _seconds(value: float | None) -> str:

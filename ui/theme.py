@@ -8,9 +8,9 @@ Widgets take their colours from the palette, never from constants.
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor, QGuiApplication, QPalette
-from PySide6.QtWidgets import QApplication
+from PySide6.QtCore import QRectF, Qt
+from PySide6.QtGui import QColor, QGuiApplication, QPainter, QPalette, QPen
+from PySide6.QtWidgets import QApplication, QProxyStyle, QStyle, QStyleFactory, QStyleOption, QWidget
 
 THEMES = ("system", "light", "dark")
 
@@ -47,11 +47,53 @@ def _dark_palette() -> QPalette:
     return p
 
 
+class VisibleIndicatorStyle(QProxyStyle):
+    """Fusion, with check boxes and radio buttons outlined so they show on a dark palette.
+
+    Fusion outlines them in the window colour made darker, which on a dark
+    window is all but the colour of their own dark fill: on the dark palette
+    the box or circle gets a clear outline in the secondary text colour."""
+
+    _INDICATORS = (QStyle.PrimitiveElement.PE_IndicatorCheckBox, QStyle.PrimitiveElement.PE_IndicatorRadioButton)
+
+    def __init__(self) -> None:
+        super().__init__(QStyleFactory.create("Fusion"))
+
+    def drawPrimitive(  # noqa: N802 (Qt naming)
+        self, element: QStyle.PrimitiveElement, option: QStyleOption, painter: QPainter, widget: QWidget | None = None
+    ) -> None:
+        super().drawPrimitive(element, option, painter, widget)
+        if element not in self._INDICATORS or not is_dark(option.palette):
+            return
+        painter.save()
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing, True)
+        enabled = bool(option.state & QStyle.StateFlag.State_Enabled)
+        color = indicator_outline_color(option.palette) if enabled else option.palette.color(QPalette.ColorRole.Mid)
+        painter.setPen(QPen(color, 1.2))
+        painter.setBrush(Qt.BrushStyle.NoBrush)
+        rect = QRectF(option.rect).adjusted(0.6, 0.6, -0.6, -0.6)
+        if element == QStyle.PrimitiveElement.PE_IndicatorRadioButton:
+            side = min(rect.width(), rect.height())
+            circle = QRectF(0, 0, side, side)
+            circle.moveCenter(rect.center())
+            painter.drawEllipse(circle)
+        else:
+            painter.drawRoundedRect(rect, 2, 2)
+        painter.restore()
+
+
+def indicator_outline_color(palette: QPalette) -> QColor:
+    """The outline of a check box or radio button on `palette`: clearly apart from its fill and the window."""
+    return palette.color(QPalette.ColorRole.PlaceholderText)
+
+
 def apply_theme(app: QApplication, theme: str) -> None:
     """Install `theme` ("system" | "light" | "dark") on the application."""
     if theme not in THEMES:
         theme = "system"
-    app.setStyle("Fusion")  # the same widgets and metrics everywhere; it honours palettes fully
+    # Fusion: the same widgets and metrics everywhere; it honours palettes fully.
+    if not isinstance(app.style(), VisibleIndicatorStyle) and app.style().name().lower() != "fusion":
+        app.setStyle("Fusion")
     if theme == "dark":
         app.setPalette(_dark_palette())
     elif theme == "light":
@@ -64,6 +106,17 @@ def apply_theme(app: QApplication, theme: str) -> None:
             app.setPalette(_dark_palette())
         elif scheme == Qt.ColorScheme.Light and is_dark(app.palette()):
             app.setPalette(app.style().standardPalette())
+    _outline_indicators(app, is_dark(app.palette()))
+
+
+def _outline_indicators(app: QApplication, dark: bool) -> None:
+    """On a dark palette, Fusion with outlined check boxes and radio buttons;
+    plain Fusion otherwise (its own indicators show well on light)."""
+    if dark == isinstance(app.style(), VisibleIndicatorStyle):
+        return
+    palette = QPalette(app.palette())
+    app.setStyle(VisibleIndicatorStyle() if dark else "Fusion")
+    app.setPalette(palette)  # a new style brings its own standard palette: keep the theme's
 
 
 def is_dark(palette: QPalette) -> bool:

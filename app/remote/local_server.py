@@ -4,9 +4,16 @@ second Tandem window) share the same models, the same continuous batch and
 the same prefix cache as the window.
 
     server = LocalServer()
-    url = server.start({"default": engine})        # http://127.0.0.1:<free port>/v1
-    server.set_engines({"default": engine, "my-qwen": other})   # a model loaded or unloaded
+    engines, aliases = served_mapping(workspace.loaded_models(), name_of, "default")
+    url = server.start(engines, aliases=aliases, on_request=log_line)   # http://127.0.0.1:<free port>/v1
+    server.set_engines(engines, aliases)           # a model loaded or unloaded
     server.stop()                                  # within about a second; the port is free again
+
+Model ids are the names the window shows, as a slug (engine.entrypoints.openai.models.
+served_model_id: "SmolLM2-135M-Instruct" is served as `smollm2-135m-instruct`);
+`served_mapping` makes them from the app's own ids, which stay aliases (so
+`default` reaches the built-in model, and a second Tandem window's remote
+pane may use either).
 
 The HTTP side is engine/entrypoints/openai/server.py's (Starlette and uvicorn, on a thread of
 its own), with its gate: only loopback `Host`s (and those in `allowed_hosts`),
@@ -24,7 +31,7 @@ import errno
 import logging
 import socket
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from app.errors import AppError
@@ -37,9 +44,18 @@ from engine.entrypoints.openai.server import (
     is_loopback,
     require_key_beyond_loopback,
 )
+from engine.entrypoints.openai.models import served_model_id
+from engine.entrypoints.openai.request_log import RequestCallback, RequestRecord
 
 if TYPE_CHECKING:
     from engine.llm import Engine
+
+__all__ = ["LocalServer", "LocalServerError", "PortInUseError", "RequestRecord", "lan_addresses",
+           "new_api_key", "served_mapping"]
+
+# Where the server listens: this computer only, or every network it is on (a key required).
+LOOPBACK_HOST = "127.0.0.1"
+ALL_NETWORKS_HOST = "0.0.0.0"
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +76,55 @@ class PortInUseError(LocalServerError):
             f"Port {port} is in use by another program; choose another port in {where} "
             "(0 picks a free one), or stop the program that uses it."
         )
+
+
+def new_api_key() -> str:
+    """A fresh API key for the server: 192 random bits, URL-safe, recognisable."""
+    import secrets
+
+    return "tandem-" + secrets.token_urlsafe(24)
+
+
+def lan_addresses() -> list[str]:
+    """The names other computers on the local network may reach this one by:
+    its address on the network with the default route (found without sending
+    anything), then its host name. Empty when it is on no network."""
+    found: list[str] = []
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET-1: a UDP "connect" only picks the route
+            address = probe.getsockname()[0]
+        if address and not is_loopback(address) and address != ALL_NETWORKS_HOST:
+            found.append(address)
+    except OSError:
+        pass
+    name = socket.gethostname().strip().lower()
+    if name and name != "localhost":
+        found.append(name)
+        if "." not in name:
+            found.append(f"{name}.local")  # mDNS, as macOS and most Linux desktops answer
+    return found
+
+
+def served_mapping(
+    loaded: Mapping[str, Engine], name_of: Callable[[str], str], first: str | None = None
+) -> tuple[dict[str, Engine], dict[str, str]]:
+    """(served id -> engine, app id -> served id) for the app's loaded models
+    (app id -> engine): each served under its shown name's slug (`name_of(app
+    id)`), a second model of the same name with "-2" added; `first` (the
+    default model) first, so that `default` reaches it."""
+    order = sorted(loaded, key=lambda model_id: model_id != first)
+    engines: dict[str, Engine] = {}
+    aliases: dict[str, str] = {}
+    for model_id in order:
+        base = served_model_id(name_of(model_id))
+        served, number = base, 2
+        while served in engines:
+            served, number = f"{base}-{number}", number + 1
+        engines[served] = loaded[model_id]
+        if model_id != served:
+            aliases[model_id] = served
+    return engines, aliases
 
 
 class LocalServer:
@@ -121,13 +186,18 @@ class LocalServer:
         port: int = 0,
         api_key: str | None = None,
         *,
+        aliases: Mapping[str, str] | None = None,
         allowed_hosts: Iterable[str] = (),
         allowed_origins: Iterable[str] = (),
+        on_request: RequestCallback | None = None,
     ) -> str:
-        """Serve `engines` (model id -> Engine) on host:port; port 0 takes a
-        free one. An empty `api_key` means none. Returns the base URL.
-        `allowed_hosts` and `allowed_origins` widen the gate (create_app's);
-        an address beyond loopback needs `api_key`.
+        """Serve `engines` (model id -> Engine; `aliases`: other names for
+        them) on host:port; port 0 takes a free one. An empty `api_key`
+        means none. Returns the base URL. `allowed_hosts` and
+        `allowed_origins` widen the gate (create_app's); an address beyond
+        loopback needs `api_key`. `on_request(record)` is called on the
+        server's thread after each answer (a RequestRecord: time, model,
+        tokens, status).
 
         Raises PortInUseError when the port is taken, LocalServerError for
         any other address that cannot be used (or one beyond loopback
@@ -146,7 +216,7 @@ class LocalServer:
                 )
             key = api_key.strip() if api_key is not None else None
             key = key or None
-            self._models.set(engines)
+            self._models.set(engines, aliases)
             sock = self._bind(host, port)
             bound = sock.getsockname()[0]
             try:
@@ -155,7 +225,8 @@ class LocalServer:
                 hosts = list(allowed_hosts)
                 if not is_loopback(bound) and bound not in ("0.0.0.0", "::"):
                     hosts.append(bound)  # one address: clients reach it by that address
-                app = create_app(self._models, api_key=key, allowed_hosts=hosts, allowed_origins=allowed_origins)
+                app = create_app(self._models, api_key=key, allowed_hosts=hosts, allowed_origins=allowed_origins,
+                                 on_request=on_request)
                 server = RunningServer(app, sock, grace_s=STOP_GRACE_S)
             except (ExposedWithoutKeyError, ValueError) as exc:  # no key; a host or origin that is none
                 sock.close()
@@ -167,12 +238,12 @@ class LocalServer:
                  server.base_url, " (API key required)" if key else "")
         return server.base_url
 
-    def set_engines(self, engines: Mapping[str, Engine]) -> None:
-        """Serve exactly `engines` from now on (also while stopped: the next
-        `start()` is given its own). Requests running on an engine that is
-        left out keep it until they end; the caller may then close it, which
-        ends them with an error instead."""
-        self._models.set(engines)
+    def set_engines(self, engines: Mapping[str, Engine], aliases: Mapping[str, str] | None = None) -> None:
+        """Serve exactly `engines` (and `aliases`) from now on (also while
+        stopped: the next `start()` is given its own). Requests running on an
+        engine that is left out keep it until they end; the caller may then
+        close it, which ends them with an error instead."""
+        self._models.set(engines, aliases)
 
     def stop(self) -> None:
         """Stop serving: requests still running get about a second to end,

@@ -41,7 +41,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
 
@@ -172,6 +172,16 @@ class OpenAIClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    async def _serves_alias(self, model: str) -> bool:
+        """Whether the server answers for `model` though its list names it
+        otherwise (Tandem lists slugs and also answers the name a window shows,
+        and `default`): GET /v1/models/{model} says so."""
+        try:
+            response = await self._http.get(f"models/{quote(model, safe='')}")
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
     async def check(self) -> list[str]:
         """The ids of the models the server serves (GET /v1/models). With a
         `model` set, raises ModelNotServedError unless it is one of them."""
@@ -194,7 +204,7 @@ class OpenAIClient:
                 f"{self.base_url}/models answered, but not with an OpenAI model list "
                 f"(got {_preview(response.text)!r}). Check that the URL is the API's base URL."
             ) from None
-        if self.model is not None and self.model not in ids:
+        if self.model is not None and self.model not in ids and not await self._serves_alias(self.model):
             shown = ", ".join(ids[:10]) + (", ..." if len(ids) > 10 else "")
             raise ModelNotServedError(
                 f"The server at {self.base_url} does not serve the model '{self.model}'. "

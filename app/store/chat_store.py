@@ -58,6 +58,7 @@ from app.store.records import (
     stats_to_dict,
     stored_params,
     stored_stats,
+    stored_versions,
     unpack_ids,
 )
 from app.store.schema import SCHEMA_VERSION
@@ -200,15 +201,16 @@ class ChatStore:
     def _put_message(conn: sqlite3.Connection, conversation_id: str, record: MessageRecord) -> None:
         conn.execute(
             """INSERT INTO messages (conversation_id, position, role, text, token_ids, state, model_id,
-                                     params, stats, error, created_at, turn_mark)
-               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                                     params, stats, error, created_at, turn_mark, versions)
+               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                ON CONFLICT (conversation_id, position) DO UPDATE SET
                    role = excluded.role, text = excluded.text, token_ids = excluded.token_ids,
                    state = excluded.state, model_id = excluded.model_id, params = excluded.params,
                    stats = excluded.stats, error = excluded.error, created_at = excluded.created_at,
-                   turn_mark = excluded.turn_mark""",
+                   turn_mark = excluded.turn_mark, versions = excluded.versions""",
             (conversation_id, record.position, record.role, record.text, record.token_ids, record.state,
-             record.model_id, record.params, record.stats, record.error, record.created_at, record.turn_mark),
+             record.model_id, record.params, record.stats, record.error, record.created_at, record.turn_mark,
+             record.versions),
         )
 
     def _touch(self, conn: sqlite3.Connection, conversation_id: str, now: float) -> None:
@@ -421,13 +423,14 @@ class ChatStore:
             raise UnknownConversationError(conversation_id)
         title, created_at, system_prompt, params_json, model_id, policy, kept_blob = header
         rows = self._query(
-            """SELECT position, role, text, token_ids, state, model_id, params, stats, error, created_at, turn_mark
+            """SELECT position, role, text, token_ids, state, model_id, params, stats, error, created_at, turn_mark,
+                      versions
                FROM messages WHERE conversation_id = ? ORDER BY position""",
             (conversation_id,),
         )
         messages: list[Message] = []
         marks: list[int | None] = []
-        for position, role, text, ids, state, msg_model, msg_params, stats, error, msg_created, mark in rows:
+        for position, role, text, ids, state, msg_model, msg_params, stats, error, msg_created, mark, versions in rows:
             if position != len(messages):
                 # Positions are written densely; a gap means rows were lost.
                 raise StoreCorruptError(self.path, f"conversation {conversation_id} is missing message {len(messages)}")
@@ -442,6 +445,7 @@ class ChatStore:
                     created_at=msg_created,
                     model_id=msg_model,
                     params=stored_params(msg_params),
+                    versions=stored_versions(versions) if role == "assistant" else None,
                 )
             )
             marks.append(mark)

@@ -12,7 +12,9 @@ not its own).
      "conversation": {"title", "created_at", "system_prompt", "model_id",
                       "context_policy", "params": {...},
                       "messages": [{"role", "text", "state", "created_at",
-                                    "model_id", "params", "stats", "error"}]}}
+                                    "model_id", "params", "stats", "error",
+                                    "versions" (a reply made again: {"shown", "count",
+                                     "others": [{"version", "user_text", "messages"}]})}]}}
 
 Times are Unix seconds (UTC).
 
@@ -41,7 +43,9 @@ from app.store.records import params_from_dict, params_to_dict, stats_from_dict,
 from app.errors import AppError
 
 if TYPE_CHECKING:
-    from app.workspace.conversation import Conversation, Message
+    from engine.params import SamplingParams
+
+    from app.workspace.conversation import Conversation, Message, ReplyVersions
 
 FORMAT = "tandem-chat"
 FORMAT_VERSION = 1
@@ -163,7 +167,7 @@ def to_json(conversation: Conversation) -> dict[str, Any]:
 
 
 def _message_json(message: Message) -> dict[str, Any]:
-    return {
+    data = {
         "role": message.role,
         "text": message.text,
         "state": message.state,
@@ -172,6 +176,24 @@ def _message_json(message: Message) -> dict[str, Any]:
         "params": None if message.params is None else params_to_dict(message.params),
         "stats": None if message.stats is None else stats_to_dict(message.stats),
         "error": message.error,
+    }
+    if message.versions is not None:
+        data["versions"] = _versions_json(message.versions)
+    return data
+
+
+def _versions_json(versions: ReplyVersions) -> dict[str, Any]:
+    """A reply's versions: which one the conversation shows (1-based, the
+    message itself), and every other one with the user text it answers and
+    the messages that followed it in that version."""
+    return {
+        "shown": versions.current + 1,
+        "count": versions.count,
+        "others": [
+            {"version": n + 1, "user_text": v.user_text, "messages": [_message_json(m) for m in v.messages]}
+            for n, v in enumerate(versions.versions)
+            if v is not None
+        ],
     }
 
 
@@ -188,7 +210,7 @@ def from_json(data: object) -> Conversation:
 
 
 def _from_json(data: object) -> Conversation:
-    from app.workspace.conversation import CONTEXT_POLICIES, Conversation, Message
+    from app.workspace.conversation import CONTEXT_POLICIES, Conversation
 
     _check_text(data)
     top = _object(data, "The file")
@@ -221,30 +243,7 @@ def _from_json(data: object) -> Conversation:
     raw_messages = conv.get("messages")
     if not isinstance(raw_messages, list):
         raise ChatImportError("The conversation's \"messages\" must be a list.")
-    messages: list[Message] = []
-    for i, raw in enumerate(raw_messages):
-        where = f"message {i + 1}"
-        item = _object(raw, where.capitalize())
-        role = _string(item, "role", where)
-        if role not in _ROLES:
-            raise ChatImportError(f"{where.capitalize()}: \"role\" must be one of {', '.join(_ROLES)}, not {role!r}.")
-        state = _string(item, "state", where)
-        if state not in _STATES:
-            raise ChatImportError(
-                f"{where.capitalize()}: \"state\" must be one of {', '.join(_STATES)}, not {state!r}."
-            )
-        messages.append(
-            Message(
-                role=role,  # type: ignore[arg-type]
-                text=_string(item, "text", where),
-                state=state,  # type: ignore[arg-type]
-                created_at=_time(item, "created_at", where),
-                model_id=_optional_string(item, "model_id", where),
-                params=_params(item.get("params"), where),
-                stats=_stats(item.get("stats"), where),
-                error=_optional_string(item, "error", where),
-            )
-        )
+    messages = [_message_from_json(raw, f"message {i + 1}") for i, raw in enumerate(raw_messages)]
     return Conversation.restore(
         id=uuid.uuid4().hex,
         title=title,
@@ -257,6 +256,72 @@ def _from_json(data: object) -> Conversation:
         kept_ids=[],
         turn_marks=[None] * len(messages),
     )
+
+
+def _message_from_json(raw: object, where: str) -> Message:
+    from app.workspace.conversation import Message
+
+    item = _object(raw, where.capitalize())
+    role = _string(item, "role", where)
+    if role not in _ROLES:
+        raise ChatImportError(f"{where.capitalize()}: \"role\" must be one of {', '.join(_ROLES)}, not {role!r}.")
+    state = _string(item, "state", where)
+    if state not in _STATES:
+        raise ChatImportError(
+            f"{where.capitalize()}: \"state\" must be one of {', '.join(_STATES)}, not {state!r}."
+        )
+    versions = item.get("versions")
+    return Message(
+        role=role,  # type: ignore[arg-type]
+        text=_string(item, "text", where),
+        state=state,  # type: ignore[arg-type]
+        created_at=_time(item, "created_at", where),
+        model_id=_optional_string(item, "model_id", where),
+        params=_params(item.get("params"), where),
+        stats=_stats(item.get("stats"), where),
+        error=_optional_string(item, "error", where),
+        # One version is no choice to offer: the reply shows alone.
+        versions=_versions_from_json(versions, where) if versions is not None and role == "assistant" else None,
+    )
+
+
+def _versions_from_json(value: object, where: str) -> ReplyVersions | None:
+    """A reply's versions from `_versions_json`. Token ids are not exported, so
+    a version shown after an import is re-tokenized from its text on the next turn."""
+    from app.workspace.conversation import ReplyVersion, ReplyVersions
+
+    data = _object(value, f"{where.capitalize()}: \"versions\"")
+    shown, count, others = data.get("shown"), data.get("count"), data.get("others")
+    if not _is_int(count) or not _is_int(shown) or not isinstance(others, list):
+        raise ChatImportError(
+            f"{where.capitalize()}: \"versions\" needs whole numbers \"shown\", \"count\" and a list \"others\"."
+        )
+    if not 1 <= shown <= count or len(others) != count - 1:
+        raise ChatImportError(
+            f"{where.capitalize()}: \"versions\" says version {shown} of {count} is shown but lists "
+            f"{len(others)} others; it must list {max(count - 1, 0)}."
+        )
+    versions: list[ReplyVersion | None] = [None] * count
+    for raw in others:
+        other = _object(raw, f"{where.capitalize()}: a version")
+        number = other.get("version")
+        if not _is_int(number) or not 1 <= number <= count or number == shown or versions[number - 1] is not None:
+            raise ChatImportError(
+                f"{where.capitalize()}: each other version needs its own \"version\" number, "
+                f"1 to {count}, not the one shown."
+            )
+        label = f"{where}, version {number}"
+        raw_messages = other.get("messages")
+        if not isinstance(raw_messages, list) or not raw_messages:
+            raise ChatImportError(f"{label.capitalize()}: \"messages\" must be a list of at least one message.")
+        messages = [_message_from_json(m, f"{label}, message {i + 1}") for i, m in enumerate(raw_messages)]
+        if messages[0].role != "assistant":
+            raise ChatImportError(f"{label.capitalize()}: its first message must be the assistant's reply.")
+        for message in messages:
+            if message.state == "streaming":
+                message.state = "interrupted"
+        versions[number - 1] = ReplyVersion(_string(other, "user_text", label), messages, [None] * len(messages), [])
+    return ReplyVersions(versions, shown - 1) if count > 1 else None
 
 
 def _is_int(value: object) -> bool:
@@ -385,21 +450,43 @@ def _state_note(message: Message) -> str:
     return ""
 
 
-def _message_markdown(message: Message, heading: str = "###") -> str:
+def _message_markdown(message: Message, heading: str = "###", version: str = "") -> str:
     if message.role == "notice":
         return _quote(f"**Note:** {message.text}")
     name = {"user": "User", "assistant": "Assistant", "system": "System"}[message.role]
     if message.role == "assistant" and message.model_id:
         name += f" ({message.model_id})"
+    if message.versions is not None and not version:
+        version = f"version {message.versions.current + 1} of {message.versions.count}, shown"
+    if version:
+        name += f" — {version}"
     parts = [f"{heading} {name}", "", message.text if message.text else "*(no text)*"]
-    footer = [x for x in (stats_line(message), _state_note(message)) if x]
+    # Each reply's own sampling: the conversation's may have changed since it was written.
+    sampling = f"Sampling: {_params_line(message.params)}" if message.params is not None else ""
+    footer = [x for x in (stats_line(message), _state_note(message), sampling) if x]
     if footer:
         parts += ["", *(f"*{x}*" for x in footer)]
     return "\n".join(parts)
 
 
-def _params_line(conversation: Conversation) -> str:
-    p = conversation.params
+def _other_versions_markdown(message: Message, heading: str) -> list[str]:
+    """The versions of a reply the conversation does not show, each marked, after the one it shows."""
+    versions = message.versions
+    if versions is None:
+        return []
+    lines: list[str] = []
+    for n, version in enumerate(versions.versions):
+        if version is None:
+            continue
+        label = f"version {n + 1} of {versions.count}"
+        lines += ["", f"{heading} Other version: {label}", "", _quote(f"In reply to: {version.user_text}")]
+        for i, other in enumerate(version.messages):
+            lines += ["", _message_markdown(other, heading + "#", label if i == 0 else "")]
+            lines += _other_versions_markdown(other, heading + "#")
+    return lines
+
+
+def _params_line(p: SamplingParams) -> str:
     items = [f"temperature {p.temperature:g}", f"max tokens {p.max_tokens}"]
     if p.top_k:
         items.append(f"top-k {p.top_k}")
@@ -421,13 +508,14 @@ def to_markdown(conversation: Conversation) -> str:
         "",
         f"- Model: {conversation.model_id}",
         f"- Started: {_when(conversation.created_at)}",
-        f"- Sampling: {_params_line(conversation)}",
+        f"- Sampling of new replies: {_params_line(conversation.params)}",
     ]
     if conversation.system_prompt:
         lines += ["", "## System prompt", "", _quote(conversation.system_prompt)]
     lines += ["", "## Messages"]
     for message in conversation.messages:
         lines += ["", _message_markdown(message)]
+        lines += _other_versions_markdown(message, "####")
     return "\n".join(lines) + "\n"
 
 
@@ -442,7 +530,8 @@ def comparison_markdown(panes: Sequence[tuple[str, Conversation]]) -> str:
     lines = ["# Comparison", "", "| Pane | Model | Sampling | System prompt |", "| --- | --- | --- | --- |"]
     for name, conv in panes:
         system = " ".join(conv.system_prompt.split()) or "(none)"
-        lines.append(f"| {_cell(name)} | {_cell(conv.model_id)} | {_cell(_params_line(conv))} | {_cell(system)} |")
+        sampling = _params_line(conv.params)
+        lines.append(f"| {_cell(name)} | {_cell(conv.model_id)} | {_cell(sampling)} | {_cell(system)} |")
     turns = [_turns(conv) for _, conv in panes]
     count = max((len(t) for t in turns), default=0)
     for n in range(count):

@@ -184,6 +184,16 @@ def migrate_v2_to_v3(conn: sqlite3.Connection, secrets: Secrets | None = None) -
     conn.execute("ALTER TABLE layout_v3 RENAME TO layout")
 
 
+# -- v3 -> v4 ---------------------------------------------------------------------
+
+
+def migrate_v3_to_v4(conn: sqlite3.Connection, secrets: Secrets | None = None) -> None:
+    """Reply versions: messages gain a `versions` column (NULL: a reply with
+    one version, which every v3 reply is). ADD COLUMN appends it after
+    turn_mark, where the v4 table declares it."""
+    conn.execute("ALTER TABLE messages ADD COLUMN versions TEXT")
+
+
 # -- the steps, in order -------------------------------------------------------------
 
 # A step takes the store's connection and the secrets a step may move data to.
@@ -193,6 +203,7 @@ Step = Callable[[sqlite3.Connection, "Secrets | None"], None]
 STEPS: dict[int, Step] = {
     1: migrate_v1_to_v2,
     2: migrate_v2_to_v3,
+    3: migrate_v3_to_v4,
 }
 
 # Every version from the first to the current one has its step: a gap would

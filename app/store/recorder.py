@@ -9,6 +9,8 @@ queues snapshots for the store's writer thread (app.store.writer):
 - a streaming reply every `checkpoint_interval` seconds while it grows
   (the first time after half a second), so a crash loses at most that much of it (the next start shows it as
   "interrupted" with what the last checkpoint had);
+- another version of a reply shown (its turn's messages and kept ids
+  change): the whole conversation;
 - the pane layout (which conversations are open, in which order, on which
   server) whenever it changes, coalesced to one write per loop turn.
 
@@ -99,6 +101,11 @@ class ChatRecorder:
             if len(conversation.messages) == event.length:
                 self.writer.truncate(conversation)
             else:  # messages were inserted, not cut: save them all in their new places
+                self.writer.save_conversation(conversation)
+        elif isinstance(event, ev.ReplyVersionShown):
+            # Another version: the messages from its turn on, their kept ids and the versions all changed.
+            conversation = self._conversation(event.pane_id)
+            if conversation is not None:
                 self.writer.save_conversation(conversation)
         elif isinstance(event, ev.PaneUpdated):
             conversation = self._conversation(event.pane_id)

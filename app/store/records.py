@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from engine.params import SamplingParams
 
-    from app.workspace.conversation import Conversation, Message, ReplyStats
+    from app.workspace.conversation import Conversation, Message, ReplyStats, ReplyVersions
 
 _INT32 = "i"
 assert array(_INT32).itemsize == 4, "token ids are stored as 32-bit integers"
@@ -97,6 +97,7 @@ class MessageRecord:
     error: str | None
     created_at: float
     turn_mark: int | None
+    versions: str | None = None  # JSON (versions_to_dict); None: the reply has one version
 
 
 def header_record(conversation: Conversation) -> HeaderRecord:
@@ -125,6 +126,7 @@ def message_record(message: Message, position: int, turn_mark: int | None = None
         error=message.error,
         created_at=message.created_at,
         turn_mark=turn_mark,
+        versions=None if message.versions is None else json.dumps(versions_to_dict(message.versions)),
     )
 
 
@@ -214,3 +216,104 @@ def stored_stats(text: str | None) -> ReplyStats | None:
         return stats_from_dict(data) if isinstance(data, dict) else None
     except (ValueError, TypeError):
         return None
+
+
+# -- reply versions -------------------------------------------------------------------
+
+
+def message_to_dict(message: Message) -> dict[str, Any]:
+    """A message of a version set aside, as stored (its own versions nested)."""
+    return {
+        "role": message.role,
+        "text": message.text,
+        "token_ids": list(message.token_ids),
+        "state": message.state,
+        "model_id": message.model_id,
+        "params": None if message.params is None else params_to_dict(message.params),
+        "stats": None if message.stats is None else stats_to_dict(message.stats),
+        "error": message.error,
+        "created_at": message.created_at,
+        "versions": None if message.versions is None else versions_to_dict(message.versions),
+    }
+
+
+def versions_to_dict(versions: ReplyVersions) -> dict[str, Any]:
+    """Every version of a turn: the one shown is null (it is the conversation's own messages)."""
+    return {
+        "current": versions.current,
+        "versions": [
+            None if v is None else {
+                "user_text": v.user_text,
+                "messages": [message_to_dict(m) for m in v.messages],
+                "turn_marks": list(v.turn_marks),
+                "kept_ids": list(v.kept_ids),
+            }
+            for v in versions.versions
+        ],
+    }
+
+
+def _ints(value: object) -> list[int]:
+    if isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        return list(value)
+    return []
+
+
+def message_from_dict(data: dict[str, Any]) -> Message:
+    """A stored message of a version; raises ValueError/TypeError/KeyError for a wrong shape."""
+    from app.workspace.conversation import Message
+
+    state = data["state"]
+    return Message(
+        role=data["role"],
+        text=str(data["text"]),
+        token_ids=_ints(data.get("token_ids")),
+        state="interrupted" if state == "streaming" else state,
+        stats=stats_from_dict(data["stats"]) if isinstance(data.get("stats"), dict) else None,
+        error=data.get("error"),
+        created_at=float(data["created_at"]),
+        model_id=data.get("model_id"),
+        params=params_from_dict(data["params"]) if isinstance(data.get("params"), dict) else None,
+        versions=versions_from_dict(data["versions"]) if isinstance(data.get("versions"), dict) else None,
+    )
+
+
+def versions_from_dict(data: dict[str, Any]) -> ReplyVersions | None:
+    """The versions as `versions_to_dict` wrote them; None for a value that does not
+    hold exactly one version shown (the reply then shows alone, as in v3)."""
+    from app.workspace.conversation import ReplyVersion, ReplyVersions
+
+    try:
+        raw = data["versions"]
+        current = data["current"]
+        if not isinstance(raw, list) or not isinstance(current, int) or not 0 <= current < len(raw):
+            return None
+        versions: list[ReplyVersion | None] = []
+        for i, item in enumerate(raw):
+            if i == current:
+                if item is not None:
+                    return None
+                versions.append(None)
+                continue
+            if not isinstance(item, dict) or not isinstance(item.get("messages"), list) or not item["messages"]:
+                return None
+            messages = [message_from_dict(m) for m in item["messages"]]
+            marks = item.get("turn_marks")
+            marks = marks if isinstance(marks, list) else []
+            marks = [m if isinstance(m, int) and not isinstance(m, bool) else None for m in marks][: len(messages)]
+            marks += [None] * (len(messages) - len(marks))
+            versions.append(ReplyVersion(str(item["user_text"]), messages, marks, _ints(item.get("kept_ids"))))
+        return ReplyVersions(versions, current) if len(versions) > 1 else None
+    except (KeyError, ValueError, TypeError):
+        return None
+
+
+def stored_versions(text: str | None) -> ReplyVersions | None:
+    """Versions as stored; None for none or a value this version cannot read."""
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    return versions_from_dict(data) if isinstance(data, dict) else None

@@ -22,13 +22,17 @@ v2  token ids packed as little-endian int32 BLOBs (4 bytes a token instead
 v3  the layout keeps a remote pane's API key out of the file: remote_api_key
     gives way to remote_key_id, the key's id in app.secrets (the OS keyring
     or a 0600 file); v2's plain-text keys are moved there.
+v4  messages gain versions: for a reply that regenerate or edit-and-resend
+    made again, the turn's other versions (JSON, app.store.records
+    `versions_to_dict`: each version's messages, the user text it answers
+    and its kept token ids); NULL for every other message.
 """
 
 from __future__ import annotations
 
 import sqlite3
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 CREATE_CONVERSATIONS = """
 CREATE TABLE conversations (
@@ -58,6 +62,7 @@ CREATE TABLE messages (
     error TEXT,
     created_at REAL NOT NULL,
     turn_mark INTEGER,
+    versions TEXT,
     PRIMARY KEY (conversation_id, position)
 )"""
 

@@ -103,11 +103,47 @@ class Message:
     # assistant: the model that wrote it and the sampling it used.
     model_id: str | None = None
     params: SamplingParams | None = None
+    # A reply that regenerate or edit-and-resend made again: every version of
+    # its turn (None on any other message, and on the versions set aside).
+    versions: ReplyVersions | None = None
 
     @property
     def to_model(self) -> bool:
         """Whether the message is part of what the model is fed."""
         return self.role != "notice" and self.state != "error"
+
+
+@dataclass(slots=True)
+class ReplyVersion:
+    """A version of a turn set aside: the reply and everything the conversation
+    went on to after it, with the token ids that cover them.
+
+    `user_text` is the user message the reply answers, as it read in this
+    version (edit-and-resend changes it). `kept_ids` are the conversation's
+    kept ids at the end of `messages` and `turn_marks` index into them, so
+    a conversation continued from this version feeds the model the ids it
+    generated and hits the prefix cache.
+    """
+
+    user_text: str
+    messages: list[Message]
+    turn_marks: list[int | None]
+    kept_ids: list[int]
+
+
+@dataclass(slots=True)
+class ReplyVersions:
+    """Every version of one turn's reply, carried by the reply that is shown.
+
+    `versions[current]` is None: the version shown is the conversation itself.
+    """
+
+    versions: list[ReplyVersion | None]
+    current: int
+
+    @property
+    def count(self) -> int:
+        return len(self.versions)
 
 
 @dataclass(slots=True)
@@ -156,6 +192,8 @@ class Conversation:
         # only ever fed together with the generation prompt after it).
         self._kept_after: list[int | None] = []
         self._turn: _Turn | None = None
+        # Set by `set_version_aside`: (index, versions) the next reply at that index takes over.
+        self._next_versions: tuple[int, ReplyVersions] | None = None
 
     @classmethod
     def restore(
@@ -333,6 +371,8 @@ class Conversation:
             raise MessageIndexError(f"Cannot insert a notice at {index} of {len(self.messages)} messages.")
         self.messages.insert(index, Message("notice", text))
         self._kept_after.insert(index, None)
+        if self._next_versions is not None and self._next_versions[0] >= index:
+            self._next_versions = (self._next_versions[0] + 1, self._next_versions[1])
         return index
 
     def _require_user_message(self, upto: int, user_text: str | None) -> None:
@@ -355,11 +395,13 @@ class Conversation:
         if not self.title:
             first = next((m.text for m in self.messages if m.role == "user"), "")
             self.title = self.auto_title(first)
-        self.messages.append(
-            Message("assistant", "", state="streaming", model_id=self.model_id, params=self.params)
-        )
+        message = Message("assistant", "", state="streaming", model_id=self.model_id, params=self.params)
+        self.messages.append(message)
         self._kept_after.append(None)
         self._turn = _Turn(len(self.messages) - 1, list(prompt_ids))
+        if self._next_versions is not None and self._next_versions[0] == self._turn.index:
+            message.versions = self._next_versions[1]
+        self._next_versions = None
         return self._turn.index
 
     def add_reply_delta(self, text: str, token_ids: list[int], stats: ReplyStats | None = None) -> Message:
@@ -426,6 +468,89 @@ class Conversation:
         self._kept_ids = self.kept_ids_for(length)
         del self.messages[length:]
         del self._kept_after[length:]
+        self._next_versions = None
+
+    # -- versions of a reply ---------------------------------------------
+
+    def user_message_of(self, index: int) -> int:
+        """The user message that the reply at `index` answers (MessageIndexError when none)."""
+        if not 0 < index <= len(self.messages):
+            raise MessageIndexError(f"Message {index} does not exist; the conversation has {len(self.messages)}.")
+        for i in range(index - 1, -1, -1):
+            if self.messages[i].role == "user":
+                return i
+        raise MessageIndexError(f"Message {index} does not answer a message you wrote.")
+
+    def _tail(self, index: int) -> ReplyVersion:
+        """messages[index:] as a version (the version set of its head stays with the conversation)."""
+        tail = self.messages[index:]
+        return ReplyVersion(
+            user_text=self.messages[self.user_message_of(index)].text,
+            messages=[copy.copy(tail[0]), *tail[1:]] if tail else [],
+            turn_marks=list(self._kept_after[index:]),
+            kept_ids=list(self._kept_ids),
+        )
+
+    def set_version_aside(self, index: int) -> None:
+        """Keep messages[index:] (a reply and what followed it) as a version of
+        that turn and cut the conversation back to messages[:index]; the next
+        reply written at `index` is the turn's newest version.
+
+        With no reply at `index` there is nothing to keep: a plain truncate.
+        """
+        self._require_idle()
+        if index >= len(self.messages) or self.messages[index].role != "assistant":
+            self.truncate(index)
+            return
+        head = self.messages[index]
+        versions = head.versions if head.versions is not None else ReplyVersions([None], 0)
+        aside = self._tail(index)
+        aside.messages[0].versions = None
+        versions.versions[versions.current] = aside
+        versions.versions.append(None)
+        versions.current = versions.count - 1
+        self.truncate(index)
+        self._next_versions = (index, versions)
+
+    def edit_user(self, index: int, text: str) -> None:
+        """Replace user message `index` with `text`, keeping the reply after it
+        (and what followed) as a version of that turn, with the old text."""
+        self._require_idle()
+        if not 0 <= index < len(self.messages) or self.messages[index].role != "user":
+            raise MessageIndexError(f"Message {index} is not a message you wrote.")
+        self.set_version_aside(index + 1)
+        self.messages[index].text = text
+
+    def show_version(self, index: int, version: int) -> None:
+        """Show version `version` (0-based) of the reply at `index`: the
+        messages from there on, the user text it answers and the kept ids
+        become that version's, so the next turn continues from it."""
+        self._require_idle()
+        head = self.messages[index] if 0 <= index < len(self.messages) else None
+        versions = head.versions if head is not None else None
+        if versions is None:
+            raise MessageIndexError(f"Message {index} has no other versions.")
+        if not 0 <= version < versions.count:
+            raise MessageIndexError(
+                f"Message {index} has {versions.count} versions; there is no version {version + 1}."
+            )
+        if version == versions.current:
+            return
+        target = versions.versions[version]
+        assert target is not None
+        shown = self._tail(index)
+        shown.messages[0].versions = None
+        versions.versions[versions.current] = shown
+        versions.versions[version] = None
+        versions.current = version
+        self.messages[self.user_message_of(index)].text = target.user_text
+        del self.messages[index:]
+        del self._kept_after[index:]
+        self.messages.extend(target.messages)
+        limit = len(target.kept_ids)
+        self._kept_after.extend(m if m is not None and 0 < m <= limit else None for m in target.turn_marks)
+        self._kept_ids = list(target.kept_ids)
+        self.messages[index].versions = versions
 
     def fork(self, upto_message_index: int) -> Conversation:
         """A new conversation holding messages[: upto_message_index + 1] and the kept ids that cover them.

@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from engine.errors import EngineError, LoadCancelled, ModelLoadError
-from engine.llm import Engine
 
 from app.errors import AppError
 
 if TYPE_CHECKING:
+    from engine.llm import Engine
     from engine.progress import LoadProgress
 
 log = logging.getLogger(__name__)
@@ -153,7 +153,7 @@ class ModelSlots:
             slot.options = dict(self._model_options(model_id))
             kwargs.update(slot.options)
             engine = await in_thread(
-                loop, lambda: Engine(**kwargs, on_progress=on_progress, cancel=cancel), "tandem-load"
+                loop, lambda: _new_engine(kwargs, on_progress, cancel), "tandem-load"
             )
         except LoadCancelled:
             return None
@@ -257,3 +257,11 @@ async def in_thread(loop: asyncio.AbstractEventLoop, fn: Callable[[], T], name: 
 
     threading.Thread(target=work, name=name, daemon=True).start()
     return await future
+
+
+def _new_engine(kwargs: dict[str, Any], on_progress: Any, cancel: Any) -> Engine:
+    # Imported on the loading thread: torch takes seconds to import, and the
+    # window is on screen before any model loads.
+    from engine.llm import Engine
+
+    return Engine(**kwargs, on_progress=on_progress, cancel=cancel)

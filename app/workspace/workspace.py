@@ -24,7 +24,6 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from engine.llm import Engine
 from engine.params import SamplingParams
 
 from app.errors import (
@@ -46,6 +45,7 @@ from app.events import (
     PaneClosed,
     PanesReordered,
     PaneUpdated,
+    ReplyVersionShown,
     WorkspaceEvent,
 )
 from app.remote.openai_client import RemoteError
@@ -54,11 +54,11 @@ from app.settings import Settings
 from app.workspace.context_policy import PromptPlan, drop_notice, plan_prompt
 from app.workspace.conversation import CONTEXT_POLICIES, Conversation
 from app.workspace.model_slots import SHUTDOWN_TIMEOUT_S, ModelSlot, ModelSlots
-from app.workspace.pane import Pane
+from app.workspace.pane import Pane, is_automatic_title
 from app.workspace.replies import Replies, ReplyBatch, Turn, start_batches
 
 if TYPE_CHECKING:
-    from engine.llm import EngineStats
+    from engine.llm import Engine, EngineStats
     from engine.progress import LoadProgress
 
 log = logging.getLogger(__name__)
@@ -249,17 +249,36 @@ class Workspace:
         including `message_index`; its next turn reuses the source's cached pages."""
         source = self.pane(pane_id)
         remote = source.remote.copy() if source.remote is not None else None
-        return self._insert(source.conversation.fork(message_index), pane_id, title=f"{source.title} fork", remote=remote)
+        # A pane the user named gives its name to the fork; a numbered one's fork takes the next number.
+        title = f"{source.name} fork" if source.name else None
+        return self._insert(source.conversation.fork(message_index), pane_id, title=title, remote=remote)
 
     def _insert(
         self, conversation: Conversation, after: int | None, title: str | None = None, remote: RemoteBackend | None = None
     ) -> Pane:
         pane_id = next(self._pane_ids)
-        pane = Pane(pane_id, title or f"Pane {pane_id}", conversation, remote)
+        name = title if title and not is_automatic_title(title) else ""
+        pane = Pane(pane_id, name, conversation, remote)
         index = len(self.panes) if after is None else self.index_of(after) + 1
         self.panes.insert(index, pane)
+        renumbered = self._renumber()
         self._emit(PaneAdded(pane, index))
+        self._announce_renumbered(renumbered, pane)
         return pane
+
+    def _renumber(self) -> list[Pane]:
+        """Number the panes 1..N left to right; returns those whose number changed."""
+        changed = []
+        for number, pane in enumerate(self.panes, 1):
+            if pane.number != number:
+                pane.number = number
+                changed.append(pane)
+        return changed
+
+    def _announce_renumbered(self, panes: list[Pane], added: Pane | None = None) -> None:
+        for pane in panes:
+            if pane is not added and pane in self.panes:
+                self._emit(PaneUpdated(pane.id))
 
     def close_pane(self, pane_id: int) -> None:
         """Remove a pane, stopping its reply if one is streaming. The last pane cannot be closed."""
@@ -270,7 +289,9 @@ class Workspace:
         self.panes.remove(pane)
         if pane.remote is not None:
             self._close_backend(pane.remote, pane.running)
+        renumbered = self._renumber()
         self._emit(PaneClosed(pane_id))
+        self._announce_renumbered(renumbered)
 
     def move_pane(self, pane_id: int, new_index: int) -> None:
         pane = self.pane(pane_id)
@@ -278,7 +299,9 @@ class Workspace:
             raise IndexError(f"Position {new_index} is outside 0..{len(self.panes) - 1}")
         self.panes.remove(pane)
         self.panes.insert(new_index, pane)
+        renumbered = self._renumber()
         self._emit(PanesReordered([p.id for p in self.panes]))
+        self._announce_renumbered(renumbered)
 
     def clear_pane(self, pane_id: int) -> None:
         """Start the pane's conversation over (its parameters and system prompt stay)."""
@@ -299,7 +322,9 @@ class Workspace:
         self._emit(PaneUpdated(pane_id))
 
     def set_title(self, pane_id: int, title: str) -> None:
-        self.pane(pane_id).title = title
+        """The pane's own name; "" gives it back its number ("Pane 2")."""
+        name = title.strip()
+        self.pane(pane_id).name = "" if is_automatic_title(name) else name
         self._emit(PaneUpdated(pane_id))
 
     async def set_remote(self, pane_id: int, base_url: str, model: str, api_key: str | None = None) -> RemoteBackend:
@@ -392,7 +417,10 @@ class Workspace:
             raise NothingToRegenerateError(pane.title)
         plans = {id(pane): self._plan(engine, pane, None, length) for engine, _ in groups}
         runs = start_batches(groups, plans)
-        self._truncate(pane, length)
+        # The reply it replaces stays as an earlier version of the turn.
+        if length < len(conversation.messages):
+            conversation.set_version_aside(length)
+            self._emit(MessagesTruncated(pane.id, length))
         self._apply_drop(pane, plans.get(id(pane)))
         return self._replies.begin([pane], runs, plans)
 
@@ -408,11 +436,21 @@ class Workspace:
             raise MessageIndexError(f"Message {message_index} of {pane.title} is not a message you wrote.")
         plans = {id(pane): self._plan(engine, pane, text, message_index) for engine, _ in groups}
         runs = start_batches(groups, plans)
-        self._truncate(pane, message_index)
+        # The reply to the old text (and what followed it) stays as an earlier version of the turn.
+        conversation.edit_user(message_index, text)
+        self._emit(MessagesTruncated(pane.id, message_index))
+        self._emit(MessageAppended(pane.id, message_index))
         self._apply_drop(pane, plans.get(id(pane)))
-        index = conversation.append_user(text)
-        self._emit(MessageAppended(pane.id, index))
         return self._replies.begin([pane], runs, plans)
+
+    def show_version(self, pane_id: int, message_index: int, version: int) -> None:
+        """Show version `version` (0-based) of the reply at `message_index`; the
+        pane's next turn continues from it, with its own kept token ids."""
+        pane = self.pane(pane_id)
+        self._refuse_busy([pane])
+        conversation = pane.conversation
+        conversation.show_version(message_index, version)
+        self._emit(ReplyVersionShown(pane.id, message_index, conversation.user_message_of(message_index)))
 
     def stop(self, pane_id: int | None = None) -> None:
         """Stop the pane's reply (every running reply when None). A stopped

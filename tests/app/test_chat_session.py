@@ -238,3 +238,49 @@ def test_a_new_run_forgets_deleted_chats_and_panes_closed_unused(tiny_engine: En
         await session.aclose()
 
     asyncio.run(second_run())
+
+
+def test_reply_versions_are_recorded_and_restored_by_the_next_run(tiny_engine: Engine, tmp_path: Path) -> None:
+    path = tmp_path / "chats.sqlite3"
+
+    async def first_run() -> tuple[str, list[str], list[int]]:
+        session = ChatSession.open(path)
+        workspace = Workspace(Settings(), engine=tiny_engine)
+        (pane,) = session.restore(workspace, default_panes=1)
+        workspace.set_params(pane.id, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+        await (await workspace.send("Name three rivers.")).wait()
+        workspace.set_params(pane.id, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+        await (await workspace.regenerate(pane.id)).wait()
+        workspace.show_version(pane.id, 1, 0)  # the first reply is shown when the app ends
+        texts = [m.text for m in pane.conversation.messages]
+        kept = pane.conversation.kept_ids
+        await workspace.wait_idle()
+        assert await session.aclose()
+        return pane.conversation.id, texts, kept
+
+    conversation_id, texts, kept = asyncio.run(first_run())
+
+    async def second_run() -> None:
+        session = ChatSession.open(path)
+        workspace = Workspace(Settings(), engine=tiny_engine)
+        (pane,) = session.restore(workspace)
+        conversation = pane.conversation
+        assert conversation.id == conversation_id
+        assert [m.text for m in conversation.messages] == texts
+        assert conversation.kept_ids == kept
+        versions = conversation.messages[1].versions
+        assert versions is not None and (versions.current, versions.count) == (0, 2)
+        # The other version comes back with its own ids, and the next turn continues from them.
+        workspace.show_version(pane.id, 1, 1)
+        assert len(conversation.messages[1].token_ids) == 4
+        other = conversation.kept_ids
+        await (await workspace.send("And lakes?")).wait()
+        assert conversation.kept_ids[: len(other)] == other
+        assert conversation.messages[3].stats.cached_prompt_tokens > 0
+        await workspace.wait_idle()
+        await session.aclose()
+
+    asyncio.run(second_run())
+    with ChatStore.open(path, recover=False) as store:
+        saved = store.load_conversation(conversation_id)
+    assert len(saved.messages) == 4 and saved.messages[1].versions is not None

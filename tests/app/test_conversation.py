@@ -155,3 +155,79 @@ def test_no_user_message_to_answer(tokenizer: Tokenizer) -> None:
     play_turn(conversation, tokenizer, "One", "Answer.")
     with pytest.raises(MessageIndexError):
         conversation.next_prompt(tokenizer)
+
+
+# -- reply versions ------------------------------------------------------------------
+
+
+def regenerate_turn(conversation: Conversation, tokenizer: Tokenizer, answer: str) -> list[int]:
+    """What Workspace.regenerate does: the last reply set aside, a new one written."""
+    index = len(conversation.messages) - 1
+    prompt = conversation.next_prompt(tokenizer, upto=index)
+    conversation.set_version_aside(index)
+    conversation.begin_reply(prompt)
+    ids = reply(tokenizer, answer)
+    conversation.end_reply("complete", text=answer, token_ids=ids)
+    return prompt
+
+
+def test_regenerate_keeps_versions_and_switching_switches_the_kept_ids(tokenizer: Tokenizer) -> None:
+    conversation = Conversation()
+    play_turn(conversation, tokenizer, "Hi", "Hello.")
+    first_kept = conversation.kept_ids
+    regenerate_turn(conversation, tokenizer, "Hey there.")
+    regenerate_turn(conversation, tokenizer, "Good day.")
+    assert [m.text for m in conversation.messages] == ["Hi", "Good day."]
+    versions = conversation.messages[1].versions
+    assert versions is not None and (versions.current, versions.count) == (2, 3)
+    third_kept = conversation.kept_ids
+
+    conversation.show_version(1, 0)
+    assert [m.text for m in conversation.messages] == ["Hi", "Hello."]
+    assert conversation.kept_ids == first_kept  # the ids this version was generated with
+    assert conversation.messages[1].versions is versions and versions.current == 0
+    # The next turn continues from the version shown, extending its ids.
+    prompt = play_turn(conversation, tokenizer, "Name a colour.", "Blue.")
+    assert prompt[: len(first_kept)] == first_kept
+
+    # Back to version 3: its own ids, and the turn played on version 1 went with version 1.
+    conversation.show_version(1, 2)
+    assert [m.text for m in conversation.messages] == ["Hi", "Good day."]
+    assert conversation.kept_ids == third_kept
+    conversation.show_version(1, 0)
+    assert [m.text for m in conversation.messages] == ["Hi", "Hello.", "Name a colour.", "Blue."]
+    assert conversation.kept_ids_for(4)[: len(first_kept)] == first_kept
+
+    with pytest.raises(MessageIndexError, match="no version 4"):
+        conversation.show_version(1, 3)
+    with pytest.raises(MessageIndexError, match="no other versions"):
+        conversation.show_version(3, 0)
+
+
+def test_edit_keeps_the_old_text_with_its_reply(tokenizer: Tokenizer) -> None:
+    conversation = Conversation()
+    play_turn(conversation, tokenizer, "Hi", "Hello.")
+    play_turn(conversation, tokenizer, "Name a colour.", "Blue.")
+    old_kept = conversation.kept_ids
+    prompt = conversation.next_prompt(tokenizer, user_text="Name a fruit.", upto=2)
+    conversation.edit_user(2, "Name a fruit.")
+    assert [m.text for m in conversation.messages] == ["Hi", "Hello.", "Name a fruit."]
+    conversation.begin_reply(prompt)
+    conversation.end_reply("complete", text="Apple.", token_ids=reply(tokenizer, "Apple."))
+    assert conversation.messages[3].versions is not None
+    assert conversation.messages[3].versions.count == 2
+
+    conversation.show_version(3, 0)
+    assert [m.text for m in conversation.messages] == ["Hi", "Hello.", "Name a colour.", "Blue."]
+    assert conversation.kept_ids == old_kept
+    conversation.show_version(3, 1)
+    assert [m.text for m in conversation.messages] == ["Hi", "Hello.", "Name a fruit.", "Apple."]
+
+
+def test_a_switch_is_refused_while_a_reply_streams(tokenizer: Tokenizer) -> None:
+    conversation = Conversation()
+    play_turn(conversation, tokenizer, "Hi", "Hello.")
+    regenerate_turn(conversation, tokenizer, "Hey.")
+    conversation.begin_reply(conversation.next_prompt(tokenizer, user_text="More?"))
+    with pytest.raises(RuntimeError, match="still being written"):
+        conversation.show_version(1, 0)

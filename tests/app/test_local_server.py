@@ -200,3 +200,36 @@ def test_serving_beyond_loopback_needs_a_key(server: LocalServer, first: Engine)
     with pytest.raises(LocalServerError, match="expected an origin"):
         server.start({"default": first}, allowed_origins=["app.example"])
     assert not server.running
+
+
+def test_the_apps_models_are_served_by_their_shown_names_with_their_ids_as_aliases(
+    server: LocalServer, first: Engine, second: Engine
+) -> None:
+    from app.remote.local_server import served_mapping
+
+    names = {"default": "SmolLM2-135M-Instruct", "qwen": "Qwen2.5 0.5B", "/models/qwen-copy": "Qwen2.5 0.5B"}
+    loaded = {"qwen": second, "default": first}
+    engines, aliases = served_mapping(loaded, names.__getitem__, "default")
+    assert list(engines) == ["smollm2-135m-instruct", "qwen2.5-0.5b"]  # the default model first
+    assert aliases == {"default": "smollm2-135m-instruct", "qwen": "qwen2.5-0.5b"}
+    same_name, _ = served_mapping({"qwen": second, "/models/qwen-copy": first}, names.__getitem__)
+    assert list(same_name) == ["qwen2.5-0.5b", "qwen2.5-0.5b-2"]
+
+    url = server.start(engines, aliases=aliases)
+    with _client(url) as client:
+        assert [m.id for m in client.models.list().data] == ["smollm2-135m-instruct", "qwen2.5-0.5b"]
+        for asked in ("SmolLM2-135M-Instruct", "default", "qwen", "Qwen2.5 0.5B"):
+            reply = client.chat.completions.create(model=asked, messages=HI, temperature=0, max_tokens=2)
+            assert reply.model == asked and reply.choices
+        server.set_engines({"qwen2.5-0.5b": second}, {"qwen": "qwen2.5-0.5b"})
+        with pytest.raises(openai.NotFoundError):
+            client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=HI, max_tokens=2)
+        # `default` reaches the first model served when no model has that id.
+        assert client.chat.completions.create(model="default", messages=HI, max_tokens=2).choices
+
+
+def test_new_api_keys_are_long_and_random() -> None:
+    from app.remote.local_server import new_api_key
+
+    keys = {new_api_key() for _ in range(20)}
+    assert len(keys) == 20 and all(k.startswith("tandem-") and len(k) >= 38 for k in keys)

@@ -143,3 +143,88 @@ def test_migrating_arrives_at_the_schema_a_new_store_has(tmp_path: Path) -> None
     fresh = sqlite3.connect(":memory:")
     create_schema(fresh)
     assert migrated == schema_of(fresh)
+
+
+# The v3 messages table, as v3 wrote it (the other v3 tables are v4's).
+_V3_MESSAGES = """
+CREATE TABLE messages (
+    conversation_id TEXT NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+    position INTEGER NOT NULL,
+    role TEXT NOT NULL,
+    text TEXT NOT NULL,
+    token_ids BLOB NOT NULL DEFAULT x'',
+    state TEXT NOT NULL,
+    model_id TEXT,
+    params TEXT,
+    stats TEXT,
+    error TEXT,
+    created_at REAL NOT NULL,
+    turn_mark INTEGER,
+    PRIMARY KEY (conversation_id, position)
+)"""
+
+
+def build_v3(path: Path) -> None:
+    """A version-3 store: one conversation, its reply with its own ids and mark, no versions column."""
+    from app.store import schema
+
+    conn = sqlite3.connect(path)
+    for statement in (schema.CREATE_CONVERSATIONS, _V3_MESSAGES, schema.CREATE_LAYOUT, schema.CREATE_META,
+                      *schema.CREATE_INDEXES):
+        conn.execute(statement)
+    conn.execute(
+        """INSERT INTO conversations (id, title, created_at, updated_at, system_prompt, params, model_id,
+                                      context_policy, kept_ids) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+        (CONV, "Trip", 100.0, 200.0, "", PARAMS, "smollm", "stop", pack_ids([1, 2, 3, 7, 8, 9])),
+    )
+    conn.executemany(
+        "INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            (CONV, 0, "user", "Where to?", b"", "complete", None, None, None, None, 101.0, None),
+            (CONV, 1, "assistant", "Paris.", pack_ids([7, 8, 9]), "complete", "smollm", PARAMS, STATS, None, 102.0, 6),
+        ],
+    )
+    conn.execute("INSERT INTO layout (position, conversation_id, title) VALUES (0, ?, 'Pane 1')", (CONV,))
+    conn.execute("INSERT INTO meta VALUES ('session', 'clean')")
+    conn.execute("PRAGMA user_version = 3")
+    conn.commit()
+    conn.close()
+
+
+def test_v3_to_v4_adds_reply_versions(tmp_path: Path) -> None:
+    path = tmp_path / "v3.sqlite3"
+    build_v3(path)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("BEGIN")
+    migrations.migrate_v3_to_v4(conn)
+    conn.execute("COMMIT")
+    rows = conn.execute("SELECT position, text, turn_mark, versions FROM messages ORDER BY position").fetchall()
+    assert rows == [(0, "Where to?", None, None), (1, "Paris.", 6, None)]  # every v3 reply has one version
+    conn.close()
+
+    path = tmp_path / "v3-opened.sqlite3"  # the same file, migrated by the store's own open
+    build_v3(path)
+    with ChatStore.open(path, recover=False) as store:
+        assert store.schema_version == SCHEMA_VERSION
+        migrated = schema_of(store._conn)
+        trip = store.load_conversation(CONV)
+        assert [m.text for m in trip.messages] == ["Where to?", "Paris."]
+        assert trip.messages[1].versions is None
+        assert trip.kept_ids == [1, 2, 3, 7, 8, 9] and trip.turn_marks == [None, 6]
+        assert [p.conversation_id for p in store.load_layout()] == [CONV]
+        # A migrated store keeps versions like a new one.
+        from app.workspace.conversation import Message, ReplyVersion, ReplyVersions
+
+        old = Message("assistant", "Lyon.", token_ids=[4, 5])
+        trip.messages[1].versions = ReplyVersions([ReplyVersion("Where to?", [old], [5], [1, 2, 3, 4, 5]), None], 1)
+        store.save_conversation(trip)
+        again = store.load_conversation(CONV)
+        versions = again.messages[1].versions
+        assert versions is not None and versions.current == 1 and versions.versions[1] is None
+        kept = versions.versions[0]
+        assert kept is not None and kept.messages[0].text == "Lyon." and kept.kept_ids == [1, 2, 3, 4, 5]
+        again.show_version(1, 0)
+        assert again.kept_ids == [1, 2, 3, 4, 5] and again.messages[1].token_ids == [4, 5]
+    fresh = sqlite3.connect(":memory:")
+    create_schema(fresh)
+    assert migrated == schema_of(fresh)

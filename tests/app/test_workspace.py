@@ -28,6 +28,7 @@ from app.events import (
     PaneAdded,
     PaneClosed,
     PanesReordered,
+    PaneUpdated,
     ReplyDelta,
     ReplyFinished,
 )
@@ -741,3 +742,37 @@ def test_a_failed_quantize_at_load_says_what_to_do_and_the_workspace_goes_on(
     assert errors[0].startswith("Loading the model quantized to int8 failed: ")
     assert "set “Quantize at load” to Off" in errors[0]
     assert workspace.panes[0].conversation.messages[1].state == "complete"
+
+
+# -- pane identity ------------------------------------------------------------------
+
+
+def test_panes_are_numbered_left_to_right_and_numbers_come_back() -> None:
+    workspace = Workspace(Settings())
+    recorder = Recorder(workspace)
+    first, second = workspace.add_pane(), workspace.add_pane()
+    assert [p.title for p in workspace.panes] == ["Pane 1", "Pane 2"]
+    # A pane inserted beside the first takes the second place and number; the one after moves on.
+    beside = workspace.add_pane(after=first.id)
+    assert [p.id for p in workspace.panes] == [first.id, beside.id, second.id]
+    assert [p.title for p in workspace.panes] == ["Pane 1", "Pane 2", "Pane 3"]
+    assert PaneUpdated(second.id) in recorder.events  # its header and chip follow
+    # Numbers come back when a pane closes; a moved pane takes its new place's number.
+    fourth = workspace.add_pane()
+    workspace.close_pane(beside.id)
+    assert [p.title for p in workspace.panes] == ["Pane 1", "Pane 2", "Pane 3"]
+    assert fourth.title == "Pane 3"
+    workspace.move_pane(fourth.id, 0)
+    assert [(p.id, p.title) for p in workspace.panes] == [(fourth.id, "Pane 1"), (first.id, "Pane 2"),
+                                                          (second.id, "Pane 3")]
+    # A name the user gives stays put; clearing it gives the number back.
+    workspace.set_title(first.id, "Drafts")
+    workspace.move_pane(first.id, 2)
+    assert [p.title for p in workspace.panes] == ["Pane 1", "Pane 2", "Drafts"]
+    workspace.set_title(first.id, "")
+    assert first.title == "Pane 3"
+    # A saved layout's automatic title does not pin a number.
+    from app.workspace.conversation import Conversation
+
+    reopened = workspace.open_conversation(Conversation(), after=fourth.id, title="Pane 7")
+    assert reopened.title == "Pane 2" and reopened.name == ""

@@ -36,6 +36,7 @@ from engine.entrypoints.openai.server import (
     model_name_for,
     serve_in_thread,
 )
+from engine.entrypoints.openai.models import served_model_id
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,6 +79,30 @@ def _wait_for_idle(engine: Engine, timeout: float = 60.0) -> Any:
         if (stats.pages_used == 0 and stats.running == 0 and stats.waiting == 0) or time.monotonic() > deadline:
             return stats
         time.sleep(0.05)
+
+
+def test_model_ids_are_the_shown_names_as_slugs() -> None:
+    assert served_model_id("SmolLM2-135M-Instruct") == "smollm2-135m-instruct"
+    assert served_model_id("Qwen2.5 0.5B Instruct (Q4_K_M)") == "qwen2.5-0.5b-instruct-q4-k-m"
+    assert served_model_id("Café ünïcode") == "cafe-unicode"
+    assert served_model_id("  ") == "model"
+    assert len(served_model_id("x" * 500)) == 64
+
+
+def test_the_shown_model_name_its_slug_and_default_all_reach_the_model(client: openai.OpenAI, model: str) -> None:
+    # What the window shows, what GET /v1/models lists, and the alias a client may assume.
+    assert model == "smollm2-135m-instruct"
+    assert [m.id for m in client.models.list().data] == [model]
+    for asked in ("SmolLM2-135M-Instruct", model, "default"):
+        reply = client.chat.completions.create(
+            model=asked, messages=[{"role": "user", "content": _unique("Hi")}], temperature=0, max_tokens=2
+        )
+        assert reply.model == asked and reply.choices[0].message.content
+    assert client.models.retrieve("default").id == model
+    assert client.models.retrieve("SmolLM2-135M-Instruct").id == model
+    with pytest.raises(openai.NotFoundError) as info:
+        client.chat.completions.create(model="SmolLM3-3B", messages=[{"role": "user", "content": "Hi"}])
+    assert f"'{model}'" in info.value.body["message"]
 
 
 def test_models_lists_the_served_model(client: openai.OpenAI, model: str) -> None:

@@ -94,6 +94,17 @@ def test_the_bundle_holds_what_the_app_uses_and_not_the_rest(bundle: Path, check
     assert size < BUNDLE_SIZE_LIMIT_MB, f"the bundle grew to {size:.0f} MB"
 
 
+def test_the_bundle_carries_the_x11_libraries_a_minimal_desktop_lacks(
+    bundle: Path, build: subprocess.CompletedProcess[str]
+) -> None:
+    from ui.platform_check import BUNDLED_XCB_LIBRARIES
+
+    lib = bundle / "_internal" / "PySide6" / "Qt" / "lib"
+    for soname in BUNDLED_XCB_LIBRARIES:
+        assert (lib / soname).is_file(), soname
+    assert f"finds all {len(BUNDLED_XCB_LIBRARIES)} bundled X11 libraries" in build.stdout  # check_xcb.sh, with ldd
+
+
 def test_the_archive_holds_the_bundle_and_the_scripts(bundle: Path, checkout: Path) -> None:
     (archive,) = (checkout / "dist").glob("tandem-*-linux-*.tar.gz")
     with tarfile.open(archive) as tar:

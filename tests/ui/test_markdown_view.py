@@ -78,3 +78,85 @@ def test_highlight_marks_changed_words_and_clears(qtbot: Any) -> None:
     view.set_highlight(None)
     assert view.highlighted_html() == ""
     assert view.block_widgets()[0].toPlainText() == "The cat sat"
+
+
+def _coloured_runs(block: Any) -> list[Any]:
+    """The highlighter's coloured runs over every line of a code block."""
+    runs = []
+    line = block.code.document().firstBlock()
+    while line.isValid():
+        runs += [r for r in line.layout().formats() if r.format.foreground().style() != 0]
+        line = line.next()
+    return runs
+
+
+def test_a_python_block_is_coloured_and_an_unknown_language_stays_plain(qtbot: Any) -> None:
+    view = MarkdownView()
+    qtbot.addWidget(view)
+    view.resize(400, 300)
+    view.set_markdown("```python\ndef f(x):\n    return x  # twice\n```\n\n```nosuchlanguage\ndef f(x):\n```")
+    python, unknown = view.code_blocks()
+    assert python.is_highlighted() and not unknown.is_highlighted()
+    assert python.code.toPlainText() == "def f(x):\n    return x  # twice"
+    assert unknown.code.toPlainText() == "def f(x):"
+    runs = _coloured_runs(python)
+    assert len({r.format.foreground().color().name() for r in runs}) >= 2  # keywords, names, comments differ
+    first_line = python.code.document().firstBlock()
+    assert any(r.start == 0 and r.length == 3 for r in first_line.layout().formats())  # "def"
+    assert _coloured_runs(unknown) == []
+
+
+def test_a_growing_block_is_appended_and_only_new_lines_are_lexed(qtbot: Any) -> None:
+    from ui.panes.code_highlight import line_spans
+
+    view = MarkdownView()
+    qtbot.addWidget(view)
+    view.resize(400, 300)
+    lines = [f"value_{i} = compute({i})  # step {i}" for i in range(40)]
+    view.set_markdown("```python\n" + "\n".join(lines[:20]))
+    block = view.code_blocks()[0]
+    document = block.code.document()
+    line_spans.cache_clear()
+    for n in range(21, 41):
+        view.set_markdown("```python\n" + "\n".join(lines[:n]))
+    assert view.code_blocks()[0] is block and block.code.document() is document
+    assert block.code.toPlainText() == "\n".join(lines)
+    # Each new line is lexed as it grows, never the lines before it again: no more
+    # distinct lines than were added (the partial last line counts once per frame).
+    assert line_spans.cache_info().misses <= 2 * 20
+    # A line already seen is not lexed again (cached by language and text).
+    assert line_spans("python", lines[0], False) is line_spans("python", lines[0], False)
+
+
+def test_dark_palette_recolours_a_block(qtbot: Any, qapp: Any) -> None:
+    from ui.theme import apply_theme
+
+    view = MarkdownView()
+    qtbot.addWidget(view)
+    view.set_markdown("```python\ndef f(x):\n    return 'text'\n```")
+    block = view.code_blocks()[0]
+    light = sorted(r.format.foreground().color().name() for r in _coloured_runs(block))
+    try:
+        apply_theme(qapp, "dark")
+        qapp.processEvents()
+        dark = sorted(r.format.foreground().color().name() for r in _coloured_runs(block))
+    finally:
+        apply_theme(qapp, "light")
+    assert dark and dark != light
+
+
+def test_a_long_code_line_scrolls_inside_its_block_instead_of_widening_it(qtbot: Any) -> None:
+    view = MarkdownView()
+    qtbot.addWidget(view)
+    view.resize(300, 400)
+    view.show()
+    line = "value = compute(" + ", ".join(f"argument_{i}" for i in range(30)) + ")"
+    view.set_markdown(f"```python\n{line}\nshort = 1\n```")
+    qtbot.waitUntil(lambda: view.code_blocks()[0].code.horizontalScrollBar().maximum() > 0)
+    block = view.code_blocks()[0]
+    assert block.width() <= view.width()
+    assert block.code.document().blockCount() == 2  # not wrapped: two lines stay two
+    bar = block.code.horizontalScrollBar()
+    qtbot.waitUntil(bar.isVisible)
+    # Both lines and the scroll bar fit the block's height.
+    assert block.code.height() >= block.code.document().size().height() + bar.height()

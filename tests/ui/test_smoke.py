@@ -52,3 +52,28 @@ def test_smoke_test_failure_is_one_line_and_non_zero(tmp_path: Path) -> None:
     lines = [line for line in result.stderr.splitlines() if line.startswith("smoke test failed")]
     assert len(lines) == 1 and "missing" in lines[0]
     assert not (tmp_path / "x.png").exists()
+
+
+def test_smoke_test_at_a_given_size_with_more_panes_reports_the_start_up(default_model_dir: Path, tmp_path: Path) -> None:
+    import re
+
+    out = tmp_path / "small.png"
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", TANDEM_CONFIG_DIR=str(tmp_path / "c"),
+               TANDEM_LOG_DIR=str(tmp_path / "log"))
+    result = subprocess.run(
+        [sys.executable, "-X", "faulthandler", "-m", "ui.main", "--smoke-test", str(out),
+         "--panes", "3", "--window-size", "1024x700"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1200,
+    )
+    assert result.returncode == 0, f"stdout: {result.stdout[-1000:]}\nstderr: {result.stderr[-6000:]}"
+    assert "smoke test passed: 3 replies" in result.stdout
+    assert "window: 1024x700, 3 panes" in result.stdout
+    times = re.search(r"startup: window shown ([\d.]+) s \(its first frame; the full window ([\d.]+) s\), "
+                      r"model ready ([\d.]+) s", result.stdout)
+    assert times is not None, result.stdout
+    first_frame, window, ready = map(float, times.groups())
+    assert first_frame <= window <= ready  # the frame before the heavy imports, the model after the window
+    from PySide6.QtGui import QImage
+
+    image = QImage(str(out))
+    assert (image.width(), image.height()) == (1024, 700)

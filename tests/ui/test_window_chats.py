@@ -114,12 +114,23 @@ async def test_chats_are_listed_reopened_exported_and_imported(loop: Any, tiny_m
         window.sidebar.rename(second.conversation.id, "ISO 8601 regex")
         assert second.conversation.title == "ISO 8601 regex"
         await wait_until(lambda: "ISO 8601 regex" in [s.title for s in window.sidebar.summaries()], what="the rename")
-        window.sidebar.delete(second.conversation.id)
+        deleted_id = second.conversation.id
+        position = window.pane_order().index(second.id)
+        panes_before = len(window.workspace.panes)
+        window.sidebar.delete(deleted_id)
         await wait_until(lambda: "ISO 8601 regex" not in [s.title for s in window.sidebar.summaries()],
                          what="the delete")
         assert second.id not in window.panes  # a deleted chat leaves its pane
         window.sidebar.undo_delete()
         await wait_until(lambda: "ISO 8601 regex" in [s.title for s in window.sidebar.summaries()], what="the undo")
+        # Undo brings the pane back too, where it was, with its conversation.
+        back = [v for v in window.panes.values() if v.pane.conversation.id == deleted_id]
+        assert len(back) == 1 and back[0].pane.conversation is second.conversation
+        assert window.pane_order().index(back[0].pane_id) == position
+        assert len(window.workspace.panes) == panes_before
+        assert [w.pane.title for w in map(window.panes.get, window.pane_order())] == [
+            f"Pane {n}" for n in range(1, panes_before + 1)
+        ]
     finally:
         await _close(window)
 
@@ -179,6 +190,8 @@ async def test_the_window_serves_its_models_and_a_remote_pane_needs_no_local_mod
 ) -> None:
     import httpx
 
+    from engine.entrypoints.openai.models import served_model_id
+
     server_window = _make(tmp_path / "a", tiny_model_dir, panes=1)
     (tmp_path / "b").mkdir()
     client_window = _make(tmp_path / "b", tiny_model_dir / "never-loaded", panes=1)
@@ -191,13 +204,16 @@ async def test_the_window_serves_its_models_and_a_remote_pane_needs_no_local_mod
         url = server_window.server.url
         async with httpx.AsyncClient() as http:
             models = (await http.get(f"{url}/models")).json()
-        assert [m["id"] for m in models["data"]] == [str(tiny_model_dir)]
+        # Served under the name the window shows, as a slug.
+        shown = server_window.models.name(str(tiny_model_dir))
+        assert [m["id"] for m in models["data"]] == [served_model_id(shown)]
 
         # A window whose own model never loaded: its remote pane can still send.
         client = client_window.workspace
         (pane,) = client.panes
         assert not client_window.composer.send_button.isEnabled()
-        await client.set_remote(pane.id, url, str(tiny_model_dir))
+        # The name as the other window shows it is accepted too (GET /v1/models/{name}).
+        await client.set_remote(pane.id, url, shown)
         assert client_window.composer.send_button.isEnabled()
         await _send(client_window, "Hello over loopback")
         reply = pane.conversation.messages[-1]
@@ -248,5 +264,30 @@ async def test_a_models_context_cap_shows_in_the_panes_meter_once_loaded(
         assert meter.format().endswith("/ 256 tokens") and meter.maximum() == 256
         # The smaller context gives a smaller KV pool.
         assert ws.stats(capped.id).pages_total < ws.stats(str(tiny_model_dir)).pages_total
+    finally:
+        await _close(window)
+
+
+@on_loop()
+async def test_undo_of_deleting_the_last_panes_chat_brings_its_pane_back(
+    loop: Any, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    window = _make(tmp_path, tiny_model_dir, panes=1)
+    try:
+        window.load_engine()
+        await wait_until(lambda: window.workspace.engine_state == "ready", what="the model")
+        (pane,) = window.workspace.panes
+        await _send(window, "Plan a trip to Lisbon", [pane.id])
+        conversation = pane.conversation
+        await wait_until(lambda: [s.id for s in window.sidebar.summaries()] == [conversation.id], what="the sidebar")
+        window.sidebar.delete(conversation.id)
+        # The last pane's chat is gone: a new empty chat stands in for it.
+        (stand_in,) = window.workspace.panes
+        assert stand_in is not pane and not stand_in.conversation.messages
+        window.sidebar.undo_delete()
+        (back,) = window.workspace.panes  # the stand-in, still empty, made way
+        assert back.conversation is conversation and back.title == "Pane 1"
+        assert window.current_pane_id == back.id
+        assert window.panes[back.id].messages[1].body.markdown() == conversation.messages[1].text
     finally:
         await _close(window)

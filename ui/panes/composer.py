@@ -140,13 +140,16 @@ class Composer(QWidget):
 
     # -- state ---------------------------------------------------------------
 
-    def set_ready(self, ready: bool) -> None:
-        """Whether a pane can take a message. Typing is always allowed: what
-        the user writes while a model loads is sent once it is ready."""
+    def set_ready(self, ready: bool, loading: bool = True) -> None:
+        """Whether a pane can take a message, and when none can, whether a
+        model is on its way. Typing is always allowed: what the user writes
+        while a model loads is sent once it is ready."""
         self._ready = ready
         self.send_button.setEnabled(ready and not self._sending)
-        if not ready:
+        if not ready and loading:
             self.edit.setPlaceholderText("The model is loading; type away, Send works once it is ready…")
+        elif not ready:
+            self.edit.setPlaceholderText("No model is loaded: use the Load button above the panes, then send.")
         else:
             self.edit.setPlaceholderText("Message every selected pane…  (Ctrl+Enter sends)")
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from PySide6.QtCore import QEvent, QSize, Qt, Signal
-from PySide6.QtGui import QFontDatabase, QGuiApplication, QPalette, QTextOption
+from PySide6.QtGui import QFontDatabase, QGuiApplication, QPalette, QTextCursor, QTextOption
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -27,7 +27,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ui.theme import diff_highlight_color
+from ui.panes.code_highlight import CodeHighlighter, knows_language
+from ui.theme import diff_highlight_color, is_dark
 
 
 @dataclass(slots=True, frozen=True)
@@ -133,12 +134,42 @@ class AutoHeightText(QTextBrowser):
         event.ignore()
 
 
+class CodeText(AutoHeightText):
+    """Code as written: lines never wrap; a line wider than the pane scrolls
+    sideways inside the block (its own scroll bar), never widening the pane."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setLineWrapMode(QTextBrowser.LineWrapMode.NoWrap)
+        self.setWordWrapMode(QTextOption.WrapMode.NoWrap)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
+        self.horizontalScrollBar().rangeChanged.connect(self._fit)
+
+    def _fit(self, *_: object) -> None:
+        height = math.ceil(self.document().size().height()) + 2 * self.frameWidth()
+        bar = self.horizontalScrollBar()
+        if bar.maximum() > 0:  # a line wider than the block: room for its scroll bar below the last line
+            height += bar.sizeHint().height()
+        if height != self.height():
+            self.setFixedHeight(max(height, 1))
+
+    def wheelEvent(self, event) -> None:  # noqa: N802
+        # Sideways wheels scroll the code; up and down scroll the pane.
+        delta = event.angleDelta()
+        if abs(delta.x()) > abs(delta.y()) or event.modifiers() & Qt.KeyboardModifier.ShiftModifier:
+            QTextBrowser.wheelEvent(self, event)
+        else:
+            event.ignore()
+
+
 class CodeBlockView(QFrame):
-    """A fenced code block: monospace, its language, and a Copy button."""
+    """A fenced code block: monospace, coloured by language, its language, and a Copy button."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("codeBlock")
+        self._block: Block | None = None
+        self._dark = is_dark(self.palette())
         self.setFrameShape(QFrame.Shape.StyledPanel)
         self.setAutoFillBackground(True)
         self.setBackgroundRole(QPalette.ColorRole.AlternateBase)
@@ -158,17 +189,49 @@ class CodeBlockView(QFrame):
         top.addStretch(1)
         top.addWidget(self.copy_button)
         layout.addLayout(top)
-        self.code = AutoHeightText(self)
-        self.code.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
+        self.code = CodeText(self)
+        self._highlighter = CodeHighlighter(self.code.document(), dark=self._dark)
+        self._fit_code_font()
         layout.addWidget(self.code)
-        self._block: Block | None = None
 
     def set_block(self, block: Block) -> None:
         if block == self._block:
             return
-        self._block = block
+        old, self._block = self._block, block
         self.lang_label.setText(block.lang or "code")
-        self.code.setPlainText(block.text)
+        if old is not None and block.text.startswith(old.text):
+            # A growing block (a streaming reply): append what is new, so only
+            # the lines that changed are laid out and coloured again.
+            cursor = QTextCursor(self.code.document())
+            cursor.movePosition(QTextCursor.MoveOperation.End)
+            cursor.insertText(block.text[len(old.text):])
+        else:
+            self.code.setPlainText(block.text)
+        # After the text: a new language colours the whole block once, the same one nothing more.
+        self._highlighter.set_language(block.lang if knows_language(block.lang) else "", self._dark)
+
+    def is_highlighted(self) -> bool:
+        """Whether the code shows in colour (its language is one Pygments knows)."""
+        return self._block is not None and knows_language(self._block.lang)
+
+    def _fit_code_font(self) -> None:
+        # Monospace at the size of the text around it (which follows the window's zoom).
+        fixed = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
+        size = self.font().pointSizeF()
+        if size > 0:
+            fixed.setPointSizeF(size)
+        self.code.setFont(fixed)
+
+    def changeEvent(self, event) -> None:  # noqa: N802
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.FontChange:
+            self._fit_code_font()
+        elif event.type() == QEvent.Type.PaletteChange:
+            dark = is_dark(self.palette())
+            if dark != self._dark:
+                self._dark = dark
+                lang = self._block.lang if self._block is not None and knows_language(self._block.lang) else ""
+                self._highlighter.set_language(lang, dark)
 
     def text(self) -> str:
         return self._block.text if self._block else ""

@@ -9,6 +9,7 @@ from PySide6.QtGui import QFont, QGuiApplication, QPalette, QResizeEvent
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QMenu, QToolButton, QVBoxLayout, QWidget
 
 from ui.panes.markdown_view import MarkdownView
+from ui.panes.version_switcher import VersionSwitcher
 from ui.theme import muted_text_color, user_bubble_color
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ class MessageView(QFrame):
     regenerate_requested = Signal(int)
     edit_requested = Signal(int)
     fork_requested = Signal(int)
+    version_requested = Signal(int, int)  # message index, version (0-based)
 
     def __init__(self, index: int, role: str, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -61,6 +63,11 @@ class MessageView(QFrame):
         self.role_label.setFont(bold)
         self.state_label = QLabel(self)
         header.addWidget(self.role_label)
+        # ‹ 2/3 ›: shown on a reply that regenerate or edit-and-resend made again.
+        self.versions = VersionSwitcher(self)
+        self.versions.switch_requested.connect(lambda version: self.version_requested.emit(self.index, version))
+        self.versions.attach_shortcuts(self)
+        header.addWidget(self.versions)
         header.addWidget(self.state_label)
         header.addStretch(1)
         # The actions fold into "⋯" when the pane is too narrow for them (see resizeEvent);
@@ -139,6 +146,14 @@ class MessageView(QFrame):
         self.stats_label.setText(line)
         self.stats_label.setVisible(bool(line))
         self.fork_button.setEnabled(not streaming)
+        versions = message.versions
+        had_switcher = self.versions.isVisibleTo(self)
+        if versions is None:
+            self.versions.set_versions(0, 1)
+        else:
+            self.versions.set_versions(versions.current, versions.count, enabled=not streaming)
+        if self.versions.isVisibleTo(self) != had_switcher:
+            self._fold_actions()  # the switcher takes room from the actions
 
     def set_can_regenerate(self, can: bool) -> None:
         self.regenerate_button.setVisible(self.role == "assistant" and can)
@@ -152,6 +167,8 @@ class MessageView(QFrame):
         """Show the actions as buttons when they fit beside the role, else as a "⋯" menu."""
         margins = self.layout().contentsMargins()
         header = self.role_label.sizeHint().width() + self.state_label.sizeHint().width() + margins.left() + margins.right() + 12
+        if self.versions.isVisibleTo(self):
+            header += self.versions.sizeHint().width()
         fits = header + self.actions.sizeHint().width() <= self.contentsRect().width()
         offered = [b for b in self._buttons if b.isVisibleTo(self.actions)]
         self.actions.setVisible(fits)

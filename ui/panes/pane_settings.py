@@ -52,6 +52,9 @@ def describe_params(model_name: str, params: SamplingParams) -> str:
     return " · ".join(parts)
 
 
+# What the Base URL field's hint shows: a local OpenAI-compatible server's usual address.
+EXAMPLE_BASE_URL = "http://127.0.0.1:8000/v1"
+
 # set_remote(base_url, model, api_key) -> the backend; raises the RemoteError
 SetRemote = Callable[[str, str, str | None], Awaitable["RemoteBackend"]]
 
@@ -167,7 +170,8 @@ class PaneSettingsPopover(QFrame):
         form = QFormLayout()
         form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
         self.base_url = QLineEdit(self)
-        self.base_url.setPlaceholderText("http://127.0.0.1:8000/v1")
+        # "e.g.": a grey URL alone reads as one filled in.
+        self.base_url.setPlaceholderText(f"e.g. {EXAMPLE_BASE_URL}")
         self.remote_model = QLineEdit(self)
         self.remote_model.setPlaceholderText("the model's name on the server")
         self.api_key = QLineEdit(self)
@@ -210,6 +214,11 @@ class PaneSettingsPopover(QFrame):
                 return
             self._show_model_result("Using the local model.", error=False)
             self.model_applied.emit()
+            return
+        if not self.base_url.text().strip():
+            self._show_model_result(
+                f"Type the server's base URL first, e.g. {EXAMPLE_BASE_URL} (a server on this computer).", error=True)
+            self.base_url.setFocus()
             return
         self.model_button.setEnabled(False)
         self._show_model_result("Checking the server...", error=False)

@@ -11,10 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QEvent, Qt, Signal
+from PySide6.QtCore import QEvent, QSize, Qt, Signal
 from PySide6.QtGui import QFont, QPalette
 from PySide6.QtWidgets import (
-    QComboBox,
     QFrame,
     QHBoxLayout,
     QLabel,
@@ -38,25 +37,56 @@ if TYPE_CHECKING:
 
 # Room left for the next message when deciding that the context is nearly full.
 CONTEXT_MARGIN_TOKENS = 64
+# The narrowest a pane gets, in average characters of its font: its header
+# (title, model picker, settings summary, buttons) and a message's actions
+# stay readable. Narrower windows scroll the row of panes sideways instead.
+MIN_PANE_CHARS = 40
 
 
 class ElidedLabel(QLabel):
-    """A one-line label that ends in "…" when the pane is too narrow for it."""
+    """A one-line label that ends in "…" when the pane is too narrow for it.
 
-    def __init__(self, parent: QWidget | None = None) -> None:
+    `min_chars`: the least it keeps (0: it may shrink away); its tooltip
+    holds the full text whenever it is cut, unless a tooltip was set."""
+
+    def __init__(self, parent: QWidget | None = None, *, min_chars: int = 0) -> None:
         super().__init__(parent)
-        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self._min_chars = min_chars
+        policy = QSizePolicy.Policy.Ignored if min_chars == 0 else QSizePolicy.Policy.Preferred
+        self.setSizePolicy(policy, QSizePolicy.Policy.Preferred)
         self._full = ""
+        self._own_tip = ""
 
     def setText(self, text: str) -> None:  # noqa: N802
         self._full = text
+        self.updateGeometry()
         self._elide()
+
+    def setToolTip(self, tip: str) -> None:  # noqa: N802
+        self._own_tip = tip
+        super().setToolTip(tip)
+
+    def sizeHint(self) -> QSize:  # noqa: N802
+        hint = super().sizeHint()
+        margins = self.contentsMargins().left() + self.contentsMargins().right()
+        return QSize(self.fontMetrics().horizontalAdvance(self._full) + margins + 2, hint.height())
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802
+        hint = super().minimumSizeHint()
+        least = min(self.sizeHint().width(), self.fontMetrics().averageCharWidth() * self._min_chars)
+        return QSize(least, hint.height())
 
     def full_text(self) -> str:
         return self._full
 
     def _elide(self) -> None:
-        super().setText(self.fontMetrics().elidedText(self._full, Qt.TextElideMode.ElideRight, max(self.width(), 1)))
+        shown = self.fontMetrics().elidedText(self._full, Qt.TextElideMode.ElideRight, max(self.width(), 1))
+        super().setText(shown)
+        if not self._own_tip:
+            super().setToolTip(self._full if shown != self._full else "")
+
+    def is_elided(self) -> bool:
+        return self.text() != self._full
 
     def resizeEvent(self, event) -> None:  # noqa: N802
         super().resizeEvent(event)
@@ -86,7 +116,7 @@ class PaneView(QFrame):
         self.model_name = model_name
         self.setObjectName(f"pane{pane.id}")
         self.setFrameShape(QFrame.Shape.StyledPanel)
-        self.setMinimumWidth(self.fontMetrics().averageCharWidth() * 24)
+        self.setMinimumWidth(self.fontMetrics().averageCharWidth() * MIN_PANE_CHARS)
         self.setFocusPolicy(Qt.FocusPolicy.ClickFocus)
 
         layout = QVBoxLayout(self)
@@ -98,17 +128,16 @@ class PaneView(QFrame):
         head = QHBoxLayout(self.header)
         head.setContentsMargins(6, 3, 3, 3)
         head.setSpacing(2)
-        self.title_label = QLabel(self.header)
+        # A forked pane's long title ends in "…" (the full title in its tooltip), never the picker.
+        self.title_label = ElidedLabel(self.header, min_chars=7)
         bold = QFont(self.title_label.font())
         bold.setBold(True)
         self.title_label.setFont(bold)
         self.model_picker = ModelPicker(self.header)
         self.model_picker.setFocusPolicy(Qt.FocusPolicy.TabFocus)
         self.model_picker.model_chosen.connect(lambda model_id: self.model_chosen.emit(self.pane_id, model_id))
-        # Narrow panes share the header with the settings summary: the picker
-        # shows the start of a long model name (the full name is in its list).
-        self.model_picker.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
-        self.model_picker.setMinimumContentsLength(12)
+        # The picker shows the model's whole name when the pane has room, and at
+        # least its start (ModelPicker.MIN_CHARS; the whole name in its tooltip) when not.
         self.model_picker.hide()  # shown once the window gives it the models to choose from
         self.summary_label = ElidedLabel(self.header)
         # "ready" | "loading" | "error" | "unloaded" | "closed": the pane's model, as the window last heard.
@@ -118,7 +147,7 @@ class PaneView(QFrame):
         self.settings_button = self._tool("⚙", "Settings for this pane (Ctrl+,)", lambda: self.settings_requested.emit(self.pane_id))
         self.stop_button = self._tool("■", "Stop this pane's reply", lambda: self.stop_requested.emit(self.pane_id))
         self.close_button = self._tool("✕", "Close this pane (Ctrl+W)", lambda: self.close_requested.emit(self.pane_id))
-        head.addWidget(self.title_label)
+        head.addWidget(self.title_label, 0)
         head.addWidget(self.model_picker)
         head.addWidget(self.summary_label, 1)
         for button in (self.settings_button, self.stop_button, self.close_button):
@@ -164,6 +193,7 @@ class PaneView(QFrame):
         bar.rangeChanged.connect(self._on_range_changed)
         bar.valueChanged.connect(self._on_scrolled)
         self._current = False
+        self._zoom = 100
         self.refresh_header()
         self.refresh_context()
         for index in range(len(pane.conversation.messages)):
@@ -202,6 +232,10 @@ class PaneView(QFrame):
             tip += f"\nSystem prompt: {conv.system_prompt[:300]}"
         self.summary_label.setToolTip(tip)
         self.stop_button.setEnabled(bool(self.pane.busy))
+        # Never narrower than the header needs: the model picker keeps its name readable.
+        least = max(self.fontMetrics().averageCharWidth() * MIN_PANE_CHARS, self.header.minimumSizeHint().width())
+        if least != self.minimumWidth():
+            self.setMinimumWidth(least)
         self._refresh_actions()
 
     def set_model_entries(self, entries: list[ModelEntry]) -> None:
@@ -213,10 +247,17 @@ class PaneView(QFrame):
     def refresh_context(self) -> None:
         conv = self.pane.conversation
         limit = max(int(conv.context_limit or 0), 0)
-        used = int(conv.context_used)
+        used = self.context_tokens()
         self.context_meter.setRange(0, max(limit, 1))
-        self.context_meter.setValue(min(used, max(limit, 1)))
-        self.context_meter.setFormat(f"{_short_count(used)} / {_short_count(limit) if limit else '?'} tokens")
+        # An unknown context size is not a full one: the bar stays empty and says what it knows.
+        self.context_meter.setValue(min(used or 0, limit) if limit else 0)
+        if used is None:
+            self.context_meter.setFormat("no token counts from the server yet")
+        elif limit:
+            self.context_meter.setFormat(f"{_short_count(used)} / {_short_count(limit)} tokens")
+        else:
+            self.context_meter.setFormat(f"{_short_count(used)} tokens (context size unknown)")
+        used = used or 0
         # Warn before the next turn stops fitting: the conversation, a reply
         # of the pane's maximum length and a message's worth of room.
         near = bool(limit) and used + conv.params.max_tokens + CONTEXT_MARGIN_TOKENS > limit
@@ -237,6 +278,20 @@ class PaneView(QFrame):
             self.context_meter.setToolTip(f"The conversation nearly fills the model's context: soon {then}.")
         else:
             self.context_meter.setToolTip("Tokens of the model's context this conversation uses")
+
+    def context_tokens(self) -> int | None:
+        """Tokens the conversation uses: the kept ids for a local model; for a
+        remote pane (no ids here) what the server reported for the last reply,
+        None when it reported nothing."""
+        conv = self.pane.conversation
+        used = int(conv.context_used)
+        if used or self.pane.remote is None:
+            return used
+        for message in reversed(conv.messages):
+            stats = message.stats
+            if message.role == "assistant" and stats is not None and (stats.prompt_tokens or stats.generated_tokens):
+                return stats.prompt_tokens + stats.generated_tokens
+        return 0 if not conv.messages else None
 
     def message_appended(self, index: int) -> None:
         self._add_message(index)
@@ -334,6 +389,25 @@ class PaneView(QFrame):
     @property
     def following(self) -> bool:
         return self._follow
+
+    # -- the text's size -------------------------------------------------------------
+
+    def set_zoom(self, percent: int) -> None:
+        """The messages at `percent` of the application's text size (the header and meter stay as they are)."""
+        if percent == self._zoom:
+            return
+        self._zoom = percent
+        font = QFont(self.font())
+        base = self.font().pointSizeF()
+        if base > 0:
+            font.setPointSizeF(base * percent / 100)
+        else:  # a pixel-sized font
+            font.setPixelSize(max(1, round(self.font().pixelSize() * percent / 100)))
+        self._content.setFont(font)
+
+    @property
+    def zoom(self) -> int:
+        return self._zoom
 
     # -- being the current pane -----------------------------------------------------
 

@@ -18,6 +18,8 @@ class ModelPicker(QComboBox):
     """The model dropdown of a pane's header; `model_chosen(id)` when the user picks one."""
 
     model_chosen = Signal(str)
+    # The least of a model's name it shows in a narrow pane ("SmolLM2-135M…"), never "Sm".
+    MIN_CHARS = 13
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -44,6 +46,9 @@ class ModelPicker(QComboBox):
             index = self.findData(current_id) if current_id is not None else -1
             self.setCurrentIndex(index)
             self._current = current_id if index >= 0 else None
+            # A narrow pane shows the start of a long name: the whole of it on hover.
+            name = self.itemText(index) if index >= 0 else ""
+            self.setToolTip(f"The model this pane runs: {name}" if name else "The model this pane runs")
         finally:
             self.blockSignals(False)
 
@@ -60,3 +65,11 @@ class ModelPicker(QComboBox):
     def sizeHint(self) -> QSize:  # noqa: N802
         hint = super().sizeHint()
         return QSize(min(hint.width(), self.fontMetrics().averageCharWidth() * 36), hint.height())
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802
+        # The arrow and frame (the hint's width beyond its text) plus MIN_CHARS of the name.
+        hint = self.sizeHint()
+        text = max((self.fontMetrics().horizontalAdvance(self.itemText(i)) for i in range(self.count())), default=0)
+        chrome = max(hint.width() - text, 0) if text else self.fontMetrics().averageCharWidth() * 4
+        least = chrome + self.fontMetrics().averageCharWidth() * self.MIN_CHARS
+        return QSize(min(hint.width(), least), hint.height())

@@ -96,6 +96,13 @@ ACTIONS: tuple[Row, ...] = (
         for n in range(1, 10)
     ),
     ActionSpec("target_all", "Target all panes", SEND_TO, "commands.target_all", ("Alt+0",)),
+    Separator(VIEW),
+    # Ctrl+= is where "+" is without Shift on most layouts; Ctrl++ (keypad, or with Shift) does the same.
+    ActionSpec("zoom_in", "Zoom &in", VIEW, "preferences.zoom_in", ("Ctrl+=", "Ctrl++"),
+               tip="Larger conversation text"),
+    ActionSpec("zoom_out", "Zoom &out", VIEW, "preferences.zoom_out", ("Ctrl+-",), tip="Smaller conversation text"),
+    ActionSpec("zoom_reset", "&Actual size", VIEW, "preferences.reset_zoom", ("Ctrl+0",),
+               tip="The conversation text at its normal size"),
     *(
         ActionSpec(f"theme_{name}", name.capitalize(), THEME, "preferences.set_theme", args=(name,), checkable=True,
                    checked_when="preferences.uses_theme", group="theme")
@@ -105,6 +112,7 @@ ACTIONS: tuple[Row, ...] = (
     ActionSpec("load_pane_model", "&Load this pane's model", MODELS, "models.load_current_pane_model", ("Ctrl+Shift+L",)),
     ActionSpec("unload_idle", "&Unload idle models", MODELS, "models.unload_idle"),
     Separator(MODELS),
+    ActionSpec("server_panel", "Ser&ve…", MODELS, "server_control.open_panel", tip="The API server: port, key, URL, log"),
     ActionSpec("serve", "&Serve loaded models (OpenAI API)", MODELS, "server_control.set_serving", ("Ctrl+Alt+A",), checkable=True,
                tip=f"Let other programs use the loaded models at http://127.0.0.1:{SERVE_PORT}/v1"),
     ActionSpec("shortcuts", "&Keyboard shortcuts", HELP, "show_shortcuts", ("F1",)),

@@ -20,6 +20,18 @@ if TYPE_CHECKING:
 _STAGES = {"import": "Importing", "weights": "Loading weights", "warmup": "Warming up", "ready": "Ready"}
 
 
+def describe_stage(stage: str, detail: str) -> str:
+    """'Loading weights: layer 3 of 30'; a detail that already names its stage
+    ("Importing model.gguf…", "Warming up") is shown alone, not after it again."""
+    label = _STAGES.get(stage, stage)
+    detail = (detail or "").strip()
+    if not detail:
+        return label
+    if detail.lower().rstrip(".…").startswith(label.lower()):
+        return detail
+    return f"{label}: {detail}"
+
+
 class LoadingBanner(QFrame):
     """'Loading model…' with the engine's progress; the load error if it
     fails; a model that is not loaded (after a crash) with a button to load it.
@@ -54,7 +66,7 @@ class LoadingBanner(QFrame):
             self.label.setText(what)
             self.progress.setRange(0, 0)
             return
-        self.label.setText(f"{what} {_STAGES.get(progress.stage, progress.stage)}: {progress.detail}")
+        self.label.setText(f"{what} {describe_stage(progress.stage, progress.detail)}")
         if progress.total:
             self.progress.setRange(0, progress.total)
             self.progress.setValue(progress.done)

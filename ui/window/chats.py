@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt, QTimer
@@ -18,8 +19,22 @@ from ui.widgets.sidebar import ChatSidebar
 
 if TYPE_CHECKING:
     from app.store.chat_store import ChatStore, ConversationSummary
+    from app.remote.remote_pane import RemoteBackend
     from app.store.session import ChatSession
+    from app.workspace.conversation import Conversation
     from ui.window.main_window import MainWindow
+
+
+@dataclass(slots=True)
+class _ClosedPane:
+    """Where a deleted chat's pane was, so that Undo can put it back."""
+
+    conversation: Conversation
+    position: int
+    name: str
+    remote: RemoteBackend | None
+    current: bool
+    replaced_by: int | None = None  # the new pane opened because it was the last one
 
 
 class SidebarStore:
@@ -55,6 +70,8 @@ class ChatsLink:
         self._window = window
         self._session = session
         self._refresh_pending = False
+        # Panes a delete closed, by conversation id, until Undo brings them back.
+        self._closed: dict[str, _ClosedPane] = {}
         self.sidebar: ChatSidebar | None = None
         self.dock: QDockWidget | None = None
         if session is None:
@@ -64,6 +81,7 @@ class ChatsLink:
         self.sidebar.new_requested.connect(window.new_chat)
         self.sidebar.renamed.connect(self._renamed)
         self.sidebar.deleted.connect(self._deleted)
+        self.sidebar.restored.connect(self._restored)
         self.dock = QDockWidget("Chats", window)
         self.dock.setObjectName("chatsDock")
         self.dock.setWidget(self.sidebar)
@@ -139,15 +157,59 @@ class ChatsLink:
                 view.refresh_header()
 
     def _deleted(self, conversation_id: str) -> None:
-        """A deleted chat leaves its pane (the last pane starts a new chat instead)."""
+        """A deleted chat leaves its pane (the last pane starts a new chat instead);
+        Undo brings the pane back where it was (`_restored`)."""
         window = self._window
+        workspace = window.workspace
+        if self.sidebar is not None:  # panes whose Undo is over are not coming back
+            pending = set(self.sidebar.undo_pending)
+            self._closed = {cid: closed for cid, closed in self._closed.items() if cid in pending}
         for view in list(window.panes.values()):
             if view.pane.conversation.id != conversation_id:
                 continue
-            window.workspace.stop(view.pane_id)
+            pane = view.pane
+            closed = _ClosedPane(
+                conversation=pane.conversation,
+                position=workspace.panes.index(pane),
+                name=pane.name,
+                remote=pane.remote.copy() if pane.remote is not None else None,
+                current=window.current_pane_id == pane.id,
+            )
+            workspace.stop(view.pane_id)
             if len(window.panes) > 1:
                 window.close_pane_now(view.pane_id)
             else:
-                pane = window.workspace.add_pane()
+                fresh = workspace.add_pane()
+                closed.replaced_by = fresh.id
                 window.close_pane_now(view.pane_id)
-                window.set_current_pane(pane.id)
+                window.set_current_pane(fresh.id)
+            if pane not in workspace.panes:
+                self._closed[conversation_id] = closed
+
+    def _restored(self, conversation_id: str) -> None:
+        """Undo of a delete: the chat's pane comes back where it was, with its
+        model or server; a new empty pane that stood in for it goes."""
+        closed = self._closed.pop(conversation_id, None)
+        window = self._window
+        workspace = window.workspace
+        if closed is None or window.shutdown_started:
+            return
+        if any(p.conversation.id == conversation_id for p in workspace.panes):
+            return
+        try:
+            position = min(closed.position, len(workspace.panes))
+            after = workspace.panes[position - 1].id if position > 0 else None
+            pane = workspace.open_conversation(
+                closed.conversation, after=after, title=closed.name or None, remote=closed.remote
+            )
+            if position == 0:
+                workspace.move_pane(pane.id, 0)
+            stand_in = next((p for p in workspace.panes if p.id == closed.replaced_by), None)
+            if stand_in is not None and not stand_in.conversation.messages and not stand_in.busy:
+                workspace.close_pane(stand_in.id)
+        except Exception as exc:
+            window.report_error("Bringing the chat's pane back", exc)
+            return
+        if closed.current or window.current_pane_id is None:
+            window.set_current_pane(pane.id)
+        window.apply_engine_state(workspace.pane_model_state(pane.id), None, None)

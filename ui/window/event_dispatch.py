@@ -12,6 +12,8 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from PySide6.QtCore import Qt
+
 from app import events as ev
 from ui.panes.pane_view import PaneView
 
@@ -32,6 +34,7 @@ class WorkspaceEventRouter:
             ev.ReplyFinished: self._reply_finished,
             ev.MessageAppended: self._message_appended,
             ev.MessagesTruncated: self._messages_truncated,
+            ev.ReplyVersionShown: self._reply_version_shown,
             ev.PaneUpdated: self._pane_updated,
             ev.PaneAdded: self._pane_added,
             ev.PaneClosed: self._pane_closed,
@@ -71,7 +74,53 @@ class WorkspaceEventRouter:
         view = self._window.panes.get(event.pane_id)
         if view is not None:
             view.message_appended(event.index)
+            self.wire_versions(view)
         self._window.chats.changed()
+
+    def _reply_version_shown(self, event: ev.ReplyVersionShown) -> None:
+        """Another version of a reply: redraw from the user message it answers on."""
+        window = self._window
+        view = window.panes.get(event.pane_id)
+        if view is not None:
+            for index, message in view.messages.items():
+                if index >= event.first:
+                    message.hide()  # at once: the view deletes it at the next loop turn
+            view.messages_truncated(event.first)
+            for index in range(event.first, len(view.pane.conversation.messages)):
+                view.message_appended(index)
+                if index in view.messages:
+                    view.messages[index].show()  # now, not at the next loop turn: the focus goes to it below
+            self.wire_versions(view)
+            reply = view.messages.get(event.index)
+            if reply is not None:
+                # Keep the keyboard on the switcher (its old view is gone), so Alt+Left goes on working.
+                view.flush()
+                view.scroll.ensureWidgetVisible(reply)
+                buttons = (reply.versions.previous_button, reply.versions.next_button)
+                target = next((b for b in buttons if b.isEnabled()), reply.versions.next_button)
+                target.setFocus(Qt.FocusReason.OtherFocusReason)
+        window.chats.changed()
+        window.compare.refresh()
+
+    def wire_versions(self, view: PaneView) -> None:
+        """Each message's "‹ 2/3 ›" switcher asks the workspace for the version.
+
+        Connected here, once a message's view exists: the pane view makes
+        them, the window decides what a switch does."""
+        window = self._window
+        pane_id = view.pane_id
+        for message in view.messages.values():
+            if message.property("versionsWired"):
+                continue
+            message.setProperty("versionsWired", True)
+
+            def show(index: int, version: int) -> None:
+                try:
+                    window.workspace.show_version(pane_id, index, version)
+                except Exception as exc:
+                    window.report_error("Showing another version", exc)
+
+            message.version_requested.connect(show)
 
     def _messages_truncated(self, event: ev.MessagesTruncated) -> None:
         view = self._window.panes.get(event.pane_id)
@@ -114,6 +163,7 @@ class WorkspaceEventRouter:
         view.model_state = window.workspace.pane_model_state(pane.id)
         view.refresh_header()
         window.panes[pane.id] = view
+        self.wire_versions(view)
         window.splitter.insertWidget(index, view)
         window.splitter.setSizes([1000] * window.splitter.count())
         window.sync_pane_lists()

@@ -25,15 +25,17 @@ from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication
 from PySide6.QtWidgets import (
     QApplication,
+    QFrame,
     QMainWindow,
     QMessageBox,
+    QScrollArea,
     QSplitter,
     QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
-from app.errors import AppError
+from app.errors import AppError, EngineNotReadyError
 from engine.errors import EngineError
 from ui.dialogs.shortcuts import EditMessageDialog, ShortcutsDialog, about_text
 from ui.panes.compare_bar import CompareBar
@@ -130,10 +132,19 @@ class MainWindow(QMainWindow):
         self.compare_bar.changed.connect(self.compare.refresh)
         self.compare_bar.close_requested.connect(lambda: self.compare_action.setChecked(False))
         column.addWidget(self.compare_bar)
-        self.splitter = QSplitter(Qt.Orientation.Horizontal, central)
+        # The panes side by side; when the window is narrower than every pane at
+        # its minimum width, the row scrolls sideways instead of squeezing them.
+        self.pane_row = QScrollArea(central)
+        self.pane_row.setObjectName("paneRow")
+        self.pane_row.setWidgetResizable(True)
+        self.pane_row.setFrameShape(QFrame.Shape.NoFrame)
+        self.pane_row.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.pane_row.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
+        self.splitter = QSplitter(Qt.Orientation.Horizontal)
         self.splitter.setChildrenCollapsible(False)
         self.splitter.setHandleWidth(max(4, self.fontMetrics().averageCharWidth() // 2))
-        column.addWidget(self.splitter, 1)
+        self.pane_row.setWidget(self.splitter)
+        column.addWidget(self.pane_row, 1)
         self.composer = Composer(central)
         self.composer.send_requested.connect(self.send)
         self.composer.stop_requested.connect(self.stop_all)
@@ -207,6 +218,7 @@ class MainWindow(QMainWindow):
         self.compare_bar.set_panes(entries)
         refresh_enabled(self, self.menu_actions)
         self.chats.set_open([view.pane.conversation.id for view in self.panes.values()])
+        self.preferences.apply_zoom()
 
     def set_current_pane(self, pane_id: int) -> None:
         if pane_id not in self.panes:
@@ -214,6 +226,8 @@ class MainWindow(QMainWindow):
         self.current_pane_id = pane_id
         for pid, view in self.panes.items():
             view.set_current(pid == pane_id)
+        # When the row of panes scrolls sideways, the current pane is the one on screen.
+        self.pane_row.ensureWidgetVisible(self.panes[pane_id], 0, 0)
 
     def current_view(self) -> PaneView | None:
         return self.panes.get(self.current_pane_id) if self.current_pane_id is not None else None
@@ -257,7 +271,7 @@ class MainWindow(QMainWindow):
         model's; the banner asks the workspace for the model it shows.)"""
         ws = self.workspace
         if state == "closed" or ws.closed:
-            self.composer.set_ready(False)
+            self.composer.set_ready(False, loading=False)
             return
         states: dict[int, str] = {pid: ws.pane_model_state(pid) for pid in self.panes}
         for pid, view in self.panes.items():
@@ -265,12 +279,17 @@ class MainWindow(QMainWindow):
             view.model_name = self.models.name(view.pane.conversation.model_id)
             view.refresh_header()
             view.refresh_context()
-        self.composer.set_ready(any(st == "ready" for st in states.values()))
+        self.composer.set_ready(
+            any(st == "ready" for st in states.values()), loading=any(st == "loading" for st in states.values())
+        )
         local = [v.pane.conversation.model_id for v in self.panes.values() if v.pane.remote is None]
         shown = self.banner.show_models(ws, local or [ws.default_model], self.models.name,
                                         crash_recovery=self.crash_recovery, load_requested=self.load_requested)
         if shown == "error":
             self.status_bar.show_no_model()
+        current = self.current_pane_id if self.current_pane_id in states else next(iter(states), None)
+        if current is not None and self.panes[current].pane.remote is None:
+            self.status_bar.show_model_state(states[current])
         if state == "ready":
             self.refresh_status()
             if not self.composer.edit.hasFocus():
@@ -299,7 +318,12 @@ class MainWindow(QMainWindow):
         return task
 
     def report_error(self, what: str, exc: BaseException) -> None:
-        if isinstance(exc, (AppError, EngineError)):
+        if isinstance(exc, EngineNotReadyError) and exc.state == "unloaded" and exc.model:
+            # The window knows the model's shown name and where its Load button is; the core only its id.
+            name = self.models.name(exc.model)
+            message = (f"{name} is not loaded: load it with the Load button above the panes "
+                       f"(or Models → Load this pane's model), then send the message again.")
+        elif isinstance(exc, (AppError, EngineError)):
             message = str(exc)
         else:
             log.error("%s failed", what, exc_info=exc)
@@ -314,6 +338,8 @@ class MainWindow(QMainWindow):
 
     def stop_all(self) -> None:
         self.workspace.stop(None)
+        # A note that a pane was busy is stale once everything is stopped.
+        self.composer.notice.hide()
 
     def stop_pane(self, pane_id: int) -> None:
         self.workspace.stop(pane_id)

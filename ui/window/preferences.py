@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from PySide6.QtCore import QByteArray
 from PySide6.QtWidgets import QApplication
 
+from app.settings import MAX_TEXT_ZOOM, MIN_TEXT_ZOOM
 from ui.theme import apply_theme
 
 if TYPE_CHECKING:
@@ -21,6 +22,10 @@ if TYPE_CHECKING:
     from ui.window.main_window import MainWindow
 
 log = logging.getLogger(__name__)
+
+# The zoom steps Ctrl+= and Ctrl+- go through, in percent of the normal text size.
+ZOOM_STEPS = (50, 67, 80, 90, 100, 110, 125, 150, 175, 200, 250, 300)
+assert ZOOM_STEPS[0] == MIN_TEXT_ZOOM and ZOOM_STEPS[-1] == MAX_TEXT_ZOOM
 
 # What Preferences edits; the engine's fields apply at the next model load.
 ENGINE_KEYS = ("device", "dtype", "threads", "kv_cache_mb", "page_size")
@@ -69,6 +74,38 @@ class WindowPreferences:
         window.engine_settings.theme = theme
         apply_theme(QApplication.instance(), theme)
         self.persist()
+
+    # -- the conversation text's zoom --------------------------------------------------
+
+    @property
+    def zoom(self) -> int:
+        return self._window.settings.text_zoom
+
+    def zoom_in(self) -> None:
+        self.set_zoom(next((z for z in ZOOM_STEPS if z > self.zoom), ZOOM_STEPS[-1]))
+
+    def zoom_out(self) -> None:
+        self.set_zoom(next((z for z in reversed(ZOOM_STEPS) if z < self.zoom), ZOOM_STEPS[0]))
+
+    def reset_zoom(self) -> None:
+        self.set_zoom(100)
+
+    def set_zoom(self, percent: int) -> None:
+        """Show every pane's messages at `percent` of the normal size, and save it."""
+        percent = min(max(int(percent), MIN_TEXT_ZOOM), MAX_TEXT_ZOOM)
+        window = self._window
+        changed = percent != window.settings.text_zoom
+        window.settings.text_zoom = percent
+        window.engine_settings.text_zoom = percent
+        self.apply_zoom()
+        if changed:
+            window.statusBar().showMessage(f"Text size {percent}% (Ctrl+0: normal size)", 3000)
+            self.persist()
+
+    def apply_zoom(self) -> None:
+        """Every pane at the saved zoom (a new pane too: the window calls this when its panes change)."""
+        for view in self._window.panes.values():
+            view.set_zoom(self.zoom)
 
     def follow_color_scheme(self, *_: object) -> None:
         """The desktop switched light/dark: follow it when the theme says "system"."""

@@ -38,7 +38,8 @@ class WindowStatusBar(QStatusBar):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.engine_label = QLabel("Loading model…", self)
+        # Until the window hears how the models are (show_model_state), nothing is claimed.
+        self.engine_label = QLabel("", self)
         self.addPermanentWidget(self.engine_label)
 
     def show_stats(self, stats: EngineStats | None) -> None:
@@ -48,3 +49,11 @@ class WindowStatusBar(QStatusBar):
 
     def show_no_model(self) -> None:
         self.engine_label.setText("No model loaded")
+
+    def show_model_state(self, state: str) -> None:
+        """The current pane's model is `state` ("loading" | "ready" | "error" | "unloaded" | "closed"):
+        "Loading model…" only while one loads (never after a crash, when nothing does)."""
+        if state == "loading":
+            self.engine_label.setText("Loading model…")
+        elif state in ("error", "unloaded", "closed"):
+            self.show_no_model()

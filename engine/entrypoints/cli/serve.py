@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.entrypoints.openai.gate import allowed_host, allowed_origin
+from engine.entrypoints.openai.models import served_model_id
 from engine.entrypoints.openai.server import (
     ExposedWithoutKeyError,
     GatePolicy,
@@ -65,8 +66,10 @@ def add_serve_parser(
         description="Serve the model over an OpenAI-compatible HTTP API: GET /v1/models, "
         "POST /v1/chat/completions, POST /v1/completions (streaming or not). "
         "Concurrent requests share one continuous batch and one prefix cache.",
-        epilog="example:\n  curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\\n"
-        "    -d '{\"model\": \"SmolLM2-135M-Instruct\", \"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]}'",
+        epilog="The model id is the model's name as a slug (SmolLM2-135M-Instruct: smollm2-135m-instruct); "
+        "requests may also use the name as shown, or 'default'.\n\n"
+        "example:\n  curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+        "    -d '{\"model\": \"smollm2-135m-instruct\", \"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]}'",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g = serve.add_argument_group("server")
@@ -86,7 +89,8 @@ def add_serve_parser(
                    help="let web pages from ORIGIN (exact, e.g. https://app.example) call the server, "
                    "with CORS headers; other pages are refused (repeatable)")
     g.add_argument("--served-model-name", default=None, metavar="NAME",
-                   help="the model id clients send (default: the model folder's name)")
+                   help="the model id clients send, as a slug (default: the model folder's name as a slug, "
+                   "e.g. smollm2-135m-instruct; 'default' also reaches it)")
     serve.set_defaults(run=lambda args: run_serve(args, open_engine))
     return serve
 
@@ -119,7 +123,7 @@ def run_serve(args: argparse.Namespace, open_engine: Callable[[argparse.Namespac
         policy = GatePolicy.of(allowed_hosts, args.allow_origin)
         engine = open_engine(args)
         try:
-            name = args.served_model_name or model_name_for(engine)
+            name = served_model_id(args.served_model_name) if args.served_model_name else model_name_for(engine)
             app = create_app(engine, name, api_key=api_key, allowed_hosts=policy.allowed_hosts,
                              allowed_origins=policy.allowed_origins)
             host, port = sock.getsockname()[:2]

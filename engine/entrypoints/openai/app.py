@@ -26,6 +26,7 @@ from engine.entrypoints.openai.completions import create_completion
 from engine.entrypoints.openai.gate import Gate, GatePolicy, check_api_key
 from engine.entrypoints.openai.models import ServedModels, health, list_models, retrieve_model, served_models
 from engine.entrypoints.openai.protocol import APIError
+from engine.entrypoints.openai.request_log import RequestCallback, RequestLog
 
 if TYPE_CHECKING:
     from engine.llm import Engine
@@ -42,6 +43,7 @@ def create_app(
     api_key: str | None = None,
     allowed_hosts: Iterable[str] = (),
     allowed_origins: Iterable[str] = (),
+    on_request: RequestCallback | None = None,
 ) -> Starlette:
     """The ASGI app serving `engines`: one Engine (under `model_name`, by
     default its folder's name), a mapping of model id -> Engine, or a
@@ -55,6 +57,10 @@ def create_app(
     `Host` must be loopback or in `allowed_hosts`, an `Origin` must be in
     `allowed_origins` (exact, e.g. "https://app.example"; those get CORS
     headers), and a POST body must be `application/json`.
+
+    `on_request(record)` (request_log.RequestRecord: time, model, tokens,
+    status) is called on the server's thread after each answer, refusals
+    included.
     """
     if api_key is not None and not api_key:
         raise ValueError("api_key must be a non-empty string or None")
@@ -73,7 +79,10 @@ def create_app(
     ]
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(Gate, policy=policy)],
+        middleware=[
+            *([Middleware(RequestLog, on_request=on_request)] if on_request is not None else []),
+            Middleware(Gate, policy=policy),
+        ],
         exception_handlers={HTTPException: _http_error, Exception: _unexpected_error},
     )
     app.state.models = models

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from engine.model.quant import GROUP_SIZE
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +113,10 @@ def stored_format(gguf_name: str, tensor_type: GGMLQuantizationType, dims: Seque
     `dims` run innermost first, as GGUF stores them: dims[0] is a row's
     length, which must be whole groups of GROUP_SIZE to be kept in blocks.
     """
+    # Imported here: engine.model.quant imports torch, and the window's model
+    # checks read these tables at start-up, before torch is needed.
+    from engine.model.quant import GROUP_SIZE
+
     if not is_quantizable(gguf_name) or len(dims) != 2 or dims[0] % GROUP_SIZE:
         return None
     return kept_format(tensor_type)
