@@ -2,9 +2,10 @@
 command-line tools (no window, no Qt).
 
 The window's first frame is on screen a few tenths of a second after
-launch; the engine's heavy imports (torch) come after it (ui/startup.py),
-then the window itself, and the model loads behind it (with progress): the
-message box becomes usable when it is ready. Before Qt starts, a Linux
+launch; the window's own imports come after it (ui/startup.py), then the
+window itself, and the model loads behind it (with progress; torch is
+imported then, on the loading thread): the message box becomes usable when
+it is ready. Before Qt starts, a Linux
 machine is checked for the system libraries Qt's X11 plugin needs
 (ui/platform_check.py): a missing one is named, with the `apt` line that
 installs it. `--smoke-test OUT.png` runs the real app end to end for
@@ -16,8 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import importlib
-import importlib.util
 import logging
 import os
 import signal
@@ -43,21 +42,28 @@ def version() -> str:
 
 # `tandem NAME ...`: the module whose `main(argv) -> int` runs the subcommand.
 # A module that is not there (an older install) is reported, not imported.
-SUBCOMMANDS: dict[str, str] = {
-    "chats": "app.store.cli",  # list, export and import saved conversations
-    "models": "app.models.cli",  # the get-models issue (21): list, download, remove models
-}
+def _chats(argv: list[str]) -> int:
+    from app.store.cli import main  # list, export and import saved conversations
+
+    return main(argv)
+
+
+def _models(argv: list[str]) -> int:
+    from app.models.cli import main  # search, download, list and remove models
+
+    return main(argv)
+
+
+# Plain imports inside functions, not module names looked up at run time: the
+# installer bundle carries only the modules PyInstaller sees imported.
+SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {"chats": _chats, "models": _models}
 
 
 def run_subcommand(argv: list[str]) -> int | None:
     """Run `tandem NAME ...` when argv[0] names a subcommand; None when it does not."""
     if not argv or argv[0] not in SUBCOMMANDS:
         return None
-    module_name = SUBCOMMANDS[argv[0]]
-    if importlib.util.find_spec(module_name) is None:
-        print(f"tandem: `tandem {argv[0]}` is not available in this version of Tandem.", file=sys.stderr)
-        return 2
-    return importlib.import_module(module_name).main(argv[1:])
+    return SUBCOMMANDS[argv[0]](argv[1:])
 
 
 def window_size(text: str) -> tuple[int, int]:
@@ -210,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     apply_theme(app, settings.theme)
     frame = show_startup_frame(app, (saved.ui_state or {}).get("geometry"), args.window_size)
 
-    # The heavy imports, with the frame on screen and painting.
+    # The window's imports (torch is not among them), with the frame on screen and painting.
     import_in_background()
     if interrupted or frame.closed_by_user:
         return 130 if interrupted else 0

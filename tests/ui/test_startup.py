@@ -4,9 +4,9 @@ place, `--window-size`, and the subcommands' dispatch."""
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
-import types
 from typing import Any
 
 import pytest
@@ -69,22 +69,17 @@ def test_window_size_is_checked() -> None:
     assert (args.panes, args.window_size) == (4, (1024, 700))
 
 
-def test_subcommands_dispatch_to_their_modules(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+def test_subcommands_dispatch_to_their_modules(monkeypatch: pytest.MonkeyPatch) -> None:
+    import app.models.cli
+    import app.store.cli
     import ui.main
 
-    seen: list[list[str]] = []
-    fake = types.ModuleType("tandem_fake_models_cli")
-    fake.main = lambda argv: seen.append(argv) or 0  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "tandem_fake_models_cli", fake)
-    monkeypatch.setitem(ui.main.SUBCOMMANDS, "models", "tandem_fake_models_cli")
-    monkeypatch.setattr(ui.main.importlib.util, "find_spec", lambda name: object())
+    seen: list[tuple[str, list[str]]] = []
+    monkeypatch.setattr(app.models.cli, "main", lambda argv: seen.append(("models", argv)) or 0)
+    monkeypatch.setattr(app.store.cli, "main", lambda argv: seen.append(("chats", argv)) or 0)
     assert ui.main.main(["models", "list", "--json"]) == 0
-    assert seen == [["list", "--json"]]
-
-    # Before the module exists (an older tree): said, not a traceback.
-    monkeypatch.setattr(ui.main.importlib.util, "find_spec", lambda name: None)
-    assert ui.main.main(["models", "list"]) == 2
-    assert "`tandem models` is not available" in capsys.readouterr().err
+    assert ui.main.main(["chats", "list"]) == 0
+    assert seen == [("models", ["list", "--json"]), ("chats", ["list"])]
     assert ui.main.run_subcommand(["--panes", "2"]) is None
 
 
@@ -94,3 +89,33 @@ def test_tandem_chats_still_answers_without_qt() -> None:
     result = subprocess.run([sys.executable, "-c", script],
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert "no qt" in result.stdout, result.stderr[-2000:]
+
+
+def test_the_window_is_built_without_torch() -> None:
+    """Everything the full window needs imports without torch (seconds on a
+    warm start): the window comes first, torch loads with the model behind it."""
+    from ui.startup import HEAVY_MODULES
+
+    assert {"ui.window.main_window", "app.models.registry", "app.store.session",
+            "app.workspace.workspace"} <= set(HEAVY_MODULES)
+    script = ("import importlib, sys\n"
+              f"for name in {HEAVY_MODULES!r}:\n    importlib.import_module(name)\n"
+              "print('torch loaded' if 'torch' in sys.modules else 'no torch')")
+    result = subprocess.run([sys.executable, "-c", script],
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "no torch" in result.stdout, result.stderr[-2000:]
+
+
+def test_the_model_registry_works_before_torch_is_imported(tmp_path: Any) -> None:
+    """The registry lists its models and describes the default one while the
+    window is built, before torch is imported."""
+    script = ("import sys\nfrom app.models.registry import ModelRegistry\n"
+              "registry = ModelRegistry()\n"
+              "print([m.id for m in registry.models()])\n"
+              "print('torch loaded' if 'torch' in sys.modules else 'no torch')")
+    env = {**os.environ, "TANDEM_DATA_DIR": str(tmp_path / "data"), "TANDEM_CONFIG_DIR": str(tmp_path / "config")}
+    result = subprocess.run([sys.executable, "-c", script],
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "no torch" in result.stdout, result.stdout + result.stderr[-2000:]
