@@ -1,13 +1,18 @@
-"""Start-up: a frame on screen at once, the heavy imports behind it.
+"""Start-up: a frame on screen at once, the window's imports behind it.
 
-Importing the workspace, the chat store and the model registry imports the
-engine, and with it torch: about two seconds on a warm start, more on a busy
-machine. So the window's first frame comes before them: `StartupFrame` is
-an empty Tandem window (the title, the menus' names, "Starting…"), shown at
-the size and place the real window will have, a few tenths of a second
-after launch; `import_in_background` imports the heavy modules on a worker
+Importing the workspace, the chat store, the model registry and the window
+takes a few tenths of a second on a warm start (Qt widgets, httpx, the
+engine's torch-free parts), more on a busy machine. So the window's first
+frame comes before them: `StartupFrame` is an empty Tandem window (the
+title, the menus' names, "Starting…"), shown at the size and place the real
+window will have; `import_in_background` imports those modules on a worker
 thread while Qt keeps painting; then the real window takes the frame's
 place (`StartupFrame.hand_over`) and the model loads behind it.
+
+None of those modules imports torch (seconds): the engine imports it when
+the model loads, on its loading thread, with the full window already on
+screen (tests/ui/test_startup.py keeps it so; docs/packaging.md has the
+times).
 
 `process_age()` is the clock the smoke test reports start-up times with.
 """
@@ -28,7 +33,7 @@ from PySide6.QtWidgets import QApplication, QLabel, QMainWindow, QWidget
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-# What the window needs that imports torch (through engine.llm), in the order they are used.
+# What the full window needs beyond Qt and the settings, in the order they are used (none imports torch).
 HEAVY_MODULES: tuple[str, ...] = ("app.models.registry", "app.workspace.workspace", "app.store.session",
                                   "ui.window.main_window")
 # The real window's menus, named in the frame so that it looks like what comes.

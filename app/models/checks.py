@@ -3,7 +3,7 @@ its details show, without loading any weights.
 
 Every rule is the engine's (engine.formats): the choice of weight files and
 their headers (engine/formats/safetensors.py), the weights a config calls
-for (engine/formats/loader.py `expected_weights`), the GGUF header
+for (engine/formats/weight_names.py `expected_weights`, the loader's rule), the GGUF header
 (engine/formats/gguf/reader.py) and what an import keeps in which format
 (engine/formats/gguf/tables.py). A folder that passes `check_model_folder`
 is one `engine.Engine(folder)` loads; the errors are app.models.errors ones,
@@ -16,8 +16,9 @@ import json
 import os
 from collections import Counter
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.models.errors import (
     CorruptGGUFError,
@@ -38,24 +39,27 @@ from engine.errors import (
     TokenizerError,
     UnsupportedModelError,
 )
-from engine.formats.gguf.reader import GGUFHeader, read_gguf_header
-from engine.formats.gguf.tables import CONFIG_TENSORS, hf_tensor_name, stored_format
-from engine.formats.loader import (
-    EMBEDDING_NAME,
-    IGNORED_WEIGHT_SUFFIX,
-    LM_HEAD_NAME,
-    expected_weights,
-    is_model_weight,
-    quantized_formats,
-)
 from engine.formats.safetensors import FLOAT_DTYPES, read_headers, weight_files
 from engine.formats.weight_memory import ModelShape, QuantizedWeights
+from engine.formats.weight_names import EMBEDDING_NAME, IGNORED_WEIGHT_SUFFIX, LM_HEAD_NAME, expected_weights, is_model_weight
 from engine.model.config import ModelConfig
-from engine.model.quant import FORMATS, fold_quantized_headers
-from engine.model.tokenizer import Tokenizer
 
-# Block-quantized weights as fold_quantized_headers names their dtype ("Q4_1").
-_QUANTIZED_DTYPES = {fmt.upper(): fmt for fmt in FORMATS}
+if TYPE_CHECKING:
+    from engine.formats.gguf.reader import GGUFHeader
+
+# This module is imported while the window is built (app.models.registry), so
+# it imports only light, torch-free parts of the engine at the top; the
+# quantized formats' rules (engine.model.quant, engine.formats.loader import
+# torch), the GGUF reader and tables (numpy, gguf) and the tokenizer (jinja2,
+# tokenizers) are imported by the checks that use them, which run later.
+
+
+@cache
+def _quantized_dtypes() -> dict[str, str]:
+    """Block-quantized weights as fold_quantized_headers names their dtype: {"Q4_1": "q4_1", ...}."""
+    from engine.model.quant import FORMATS
+
+    return {fmt.upper(): fmt for fmt in FORMATS}
 
 # name -> (shape, safetensors dtype; a quantized weight's format in capitals)
 Headers = dict[str, tuple[tuple[int, ...], str]]
@@ -100,6 +104,8 @@ def check_model_folder(folder: str | Path) -> FolderCheck:
     folder = Path(folder)
     # The engine's order: not-a-model and architecture first, then the tokenizer, then weights.
     config, raw_config = read_config(folder)
+    from engine.model.tokenizer import Tokenizer
+
     try:
         tokenizer = Tokenizer.from_folder(folder)
     except TokenizerError as exc:
@@ -146,13 +152,14 @@ def read_config(folder: Path) -> tuple[ModelConfig, dict[str, Any]]:
 
 def _folder_check(config: ModelConfig, raw_config: dict[str, Any], headers: Headers) -> FolderCheck:
     dtypes = Counter(dtype for _, dtype in headers.values())
-    formats = {name: _QUANTIZED_DTYPES[dtype] for name, (_, dtype) in headers.items() if dtype in _QUANTIZED_DTYPES}
+    quantized = _quantized_dtypes()
+    formats = {name: quantized[dtype] for name, (_, dtype) in headers.items() if dtype in quantized}
     shapes = {name: shape for name, (shape, _) in headers.items() if name in formats and len(shape) == 2}
     return FolderCheck(
         config=config,
         raw_config=raw_config,
         parameters=sum(_numel(shape) for shape, _ in headers.values()),
-        dtypes=tuple(FLOAT_DTYPES.get(d) or _QUANTIZED_DTYPES.get(d, d) for d, _ in dtypes.most_common()),
+        dtypes=tuple(FLOAT_DTYPES.get(d) or quantized.get(d, d) for d, _ in dtypes.most_common()),
         stored=QuantizedWeights.from_formats(formats, shapes),
     )
 
@@ -176,6 +183,9 @@ def _read_headers(folder: Path) -> Headers:
         raise NotAModelError(str(exc)) from exc
     except CorruptSafetensorsError as exc:
         raise CorruptWeightsError(str(exc)) from exc
+    from engine.formats.loader import quantized_formats
+    from engine.model.quant import fold_quantized_headers
+
     try:
         formats = quantized_formats(folder)
     except ModelLoadError as exc:
@@ -208,7 +218,7 @@ def _check_tensors(folder: Path, config: ModelConfig, headers: Headers) -> None:
             f"{', ...' if len(leftovers) > 3 else ''}). It may be quantized (GPTQ, AWQ) or of "
             "another architecture; Tandem runs unquantized safetensors or GGUF files."
         )
-    odd = sorted({dtype for _, dtype in headers.values()} - set(FLOAT_DTYPES) - set(_QUANTIZED_DTYPES))
+    odd = sorted({dtype for _, dtype in headers.values()} - set(FLOAT_DTYPES) - set(_quantized_dtypes()))
     if odd:
         raise ModelNotSupportedError(
             f"{folder} stores weights as {', '.join(odd)}; Tandem loads float32, float16 and "
@@ -267,11 +277,15 @@ class GGUFSummary:
 
     @property
     def parameters(self) -> int:
+        from engine.formats.gguf.tables import CONFIG_TENSORS
+
         return sum(t.n_elements for name, t in self.header.tensors.items() if name not in CONFIG_TENSORS)
 
     @property
     def main_type(self) -> str:
         """The type most weight elements are stored as (Q4_K, F16, ...)."""
+        from engine.formats.gguf.tables import CONFIG_TENSORS
+
         counts: Counter[str] = Counter()
         for name, tensor in self.header.tensors.items():
             if name not in CONFIG_TENSORS:
@@ -281,6 +295,8 @@ class GGUFSummary:
     def kept_formats(self) -> QuantizedWeights:
         """The weights the GGUF importer keeps block-quantized when it
         imports this file (engine/formats/gguf/tables.py `stored_format`)."""
+        from engine.formats.gguf.tables import hf_tensor_name, stored_format
+
         formats: dict[str, str] = {}
         shapes: dict[str, tuple[int, ...]] = {}
         for name, tensor in self.header.tensors.items():
@@ -294,6 +310,8 @@ class GGUFSummary:
 
     def shape(self) -> ModelShape:
         """The memory-relevant shape of the model this file imports into."""
+        from engine.formats.gguf.tables import hf_tensor_name
+
         counts: Counter[str] = Counter()
         for name, tensor in self.header.tensors.items():
             hf_name = hf_tensor_name(name)
@@ -332,6 +350,8 @@ def read_gguf_summary(path: str | Path) -> GGUFSummary:
     ModelNotSupportedError for a kind of GGUF Tandem cannot import,
     NotAModelError for one that cannot be read at all.
     """
+    from engine.formats.gguf.reader import read_gguf_header
+
     try:
         return GGUFSummary(read_gguf_header(path, long_arrays=False))
     except (GGUFFormatError, UnsupportedModelError, ModelLoadError) as exc:

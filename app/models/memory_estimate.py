@@ -27,30 +27,19 @@ import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from engine.errors import ModelLoadError
-from engine.formats.loader import (
-    EMBEDDING_NAME,
-    LM_HEAD_NAME,
-    resolve_device,
-    resolve_dtype,
-    resolve_quantized_compute,
-)
 from engine.formats.weight_memory import ModelShape, QuantizedWeights, weight_bytes
-from engine.model.linear import cpu_weight_packing as cpu_packs_weights
+from engine.formats.weight_names import EMBEDDING_NAME, LM_HEAD_NAME
 from engine.progress import format_bytes
-from engine.runner.memory import (
-    DESKTOP_RESERVE_BYTES,
-    MIB,
-    RUNTIME_EXTRA_BYTES,
-    activation_dtype,
-    default_kv_budget,
-    default_kv_pages,
-    kv_bytes_per_page,
-    sequence_pages,
-)
+
+if TYPE_CHECKING:
+    import torch
+
+# The window imports this module while it is built; the engine's memory
+# rules import torch (seconds), so the functions that use them import them
+# when they first run, after the window is on screen (ui/startup.py).
 
 # Names other layers import from here; the rules behind them are the engine's.
 __all__ = [
@@ -123,6 +112,18 @@ def estimate_memory(
     the engine would refuse (CUDA asked for without a GPU, an unknown dtype,
     `quantize` where no quantized kernel runs).
     """
+    from engine.formats.loader import resolve_device, resolve_dtype, resolve_quantized_compute
+    from engine.runner.memory import (
+        DESKTOP_RESERVE_BYTES,
+        MIB,
+        RUNTIME_EXTRA_BYTES,
+        activation_dtype,
+        default_kv_budget,
+        default_kv_pages,
+        kv_bytes_per_page,
+        sequence_pages,
+    )
+
     if page_size < 1:
         raise ModelLoadError("page_size must be at least 1")
     dev = resolve_device(device)
@@ -161,6 +162,14 @@ def estimate_memory(
     )
 
 
+def cpu_packs_weights(dtype: torch.dtype) -> bool:
+    """Whether the engine keeps a oneDNN-packed second copy of float matmul
+    weights of `dtype` on the CPU (engine/model/linear.py cpu_weight_packing)."""
+    from engine.model.linear import cpu_weight_packing
+
+    return cpu_weight_packing(dtype)
+
+
 # ---------------------------------------------------------------------------
 # What the device has
 
@@ -172,6 +181,10 @@ def available_memory(device: str = "auto") -> int:
     MemFree, which a busy page cache keeps near zero. CUDA: the driver's free
     memory on that GPU.
     """
+    import torch
+
+    from engine.formats.loader import resolve_device
+
     dev = resolve_device(device)
     if dev.type == "cuda":
         free, _total = torch.cuda.mem_get_info(dev)

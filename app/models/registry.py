@@ -80,7 +80,6 @@ from app.models.errors import (
 from app.models.memory_estimate import MemoryEstimate, ModelShape, estimate_memory
 from engine.errors import ModelLoadError
 from engine.formats import default_model
-from engine.formats.loader import quantized_formats
 from engine.formats.staged_folder import discard_folder, fsync_dir
 from engine.progress import LoadProgress, display_path, format_bytes
 
@@ -256,6 +255,8 @@ class ModelRegistry:
             if entry.quantize == mode:
                 return entry
             if mode is not None and entry.path is not None and entry.path.is_dir():
+                from engine.formats.loader import quantized_formats  # torch: not while the window is built
+
                 try:
                     stored = sorted(set(quantized_formats(entry.path).values()))
                 except ModelLoadError as exc:

@@ -75,6 +75,16 @@ log = logging.getLogger(__name__)
 # Longest preview text a summary carries (the sidebar elides it further).
 PREVIEW_CHARS = 160
 
+# When a conversation was last updated, as the Chats sidebar and `tandem chats
+# list` both show it (and order by): its newest message's time, or its own
+# creation when that is later (a fork starts with copies of older messages)
+# or it has no message. Not the row's updated_at column, which every write
+# sets, the bookkeeping ones included: a model that loads re-saves the
+# header of every open conversation, a chat opened into a pane is saved
+# whole again, so that column says "touched", not "updated".
+LAST_UPDATE_SQL = """max(c.created_at, coalesce(
+    (SELECT max(m.created_at) FROM messages AS m WHERE m.conversation_id = c.id), c.created_at))"""
+
 _SESSION_KEY = "session"
 
 
@@ -465,7 +475,8 @@ class ChatStore:
         )
 
     def list_conversations(self, search: str | None = None, *, deleted: bool = False) -> list[ConversationSummary]:
-        """Saved conversations, most recently changed first.
+        """Saved conversations, most recently updated first (LAST_UPDATE_SQL:
+        its newest message's time; each summary's `updated_at`).
 
         `search` keeps those whose title or any message contains it (ignoring
         case; every character literal). `deleted=True` lists the deleted ones instead.
@@ -478,13 +489,13 @@ class ChatStore:
                 SELECT 1 FROM messages AS m WHERE m.conversation_id = c.id AND tandem_contains(m.text, ?)))"""
             args += [needle, needle]
         rows = self._query(
-            f"""SELECT c.id, c.title, c.created_at, c.updated_at, c.model_id,
+            f"""SELECT c.id, c.title, c.created_at, {LAST_UPDATE_SQL} AS last_update, c.model_id,
                        (SELECT count(*) FROM messages AS m WHERE m.conversation_id = c.id),
                        (SELECT substr(m.text, 1, {PREVIEW_CHARS * 2}) FROM messages AS m
                         WHERE m.conversation_id = c.id AND m.role IN ('user', 'assistant') AND m.text != ''
                         ORDER BY m.position DESC LIMIT 1)
                 FROM conversations AS c WHERE {where}
-                ORDER BY c.updated_at DESC, c.id""",
+                ORDER BY last_update DESC, c.id""",
             args,
         )
         return [

@@ -6,6 +6,9 @@ anyone who cannot open the window.
     tandem chats import FILE.json
 
 ID may be any unique start of a conversation's id (`list` shows 8 characters).
+`list`'s UPDATED is the time of a conversation's newest message, in local
+time, as the Chats sidebar shows it (app.store.chat_store LAST_UPDATE_SQL,
+app.store.records local_time_text).
 No Qt here, and `list` does not import torch: it reads the store only.
 Exit status: 0 done, 1 the store could not be used or the output file is
 not a regular file (export never replaces a link, a FIFO or a device), 2 a
@@ -18,13 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from datetime import datetime
 from pathlib import Path
 from typing import TextIO
 
 from app.store.chat_store import ChatStore
 from app.store.connection import default_path
-from app.store.records import ConversationSummary
+from app.store.records import ConversationSummary, local_time_text
 from app.errors import AppError
 from app.files import write_text_atomically
 
@@ -90,10 +92,6 @@ def main(argv: list[str] | None = None, *, stdout: TextIO | None = None, stderr:
         return 1
 
 
-def _local(timestamp: float) -> str:
-    return datetime.fromtimestamp(timestamp).astimezone().strftime("%Y-%m-%d %H:%M")
-
-
 def _summary_json(s: ConversationSummary) -> dict[str, object]:
     return {
         "id": s.id,
@@ -116,7 +114,7 @@ def _list(store: ChatStore, as_json: bool, search: str | None, out: TextIO) -> N
         print("No conversations match." if search else "No saved conversations.", file=out)
         return
     rows = [
-        (s.id[:SHORT_ID], _local(s.updated_at), str(s.message_count), s.title or f"({s.preview[:60] or 'untitled'})")
+        (s.id[:SHORT_ID], local_time_text(s.updated_at), str(s.message_count), s.title or f"({s.preview[:60] or 'untitled'})")
         for s in summaries
     ]
     headers = ("ID", "UPDATED", "MESSAGES", "TITLE")

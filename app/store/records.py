@@ -14,6 +14,7 @@ value is decoded, not when the module is.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 import sys
 from array import array
@@ -58,10 +59,17 @@ class ConversationSummary:
     id: str
     title: str
     created_at: float
-    updated_at: float
+    updated_at: float  # its newest message's time, or created_at if later (app.store.chat_store LAST_UPDATE_SQL)
     message_count: int
     model_id: str
     preview: str  # the start of its last user or assistant message, whitespace collapsed
+
+
+def local_time_text(timestamp: float) -> str:
+    """'2026-11-30 15:42': a stored time in this machine's timezone, to the
+    minute (cut, not rounded, as a clock shows it). `tandem chats list` and
+    the Chats sidebar write a summary's times with it, so both say the same."""
+    return dt.datetime.fromtimestamp(timestamp).astimezone().strftime("%Y-%m-%d %H:%M")
 
 
 @dataclass(slots=True, frozen=True)

@@ -45,6 +45,14 @@ from engine.formats.staged_folder import (
     staging_path,
     write_json,
 )
+from engine.formats.weight_names import (  # the rules the app checks folders by, torch-free
+    EMBEDDING_NAME,
+    IGNORED_WEIGHT_SUFFIX,
+    LM_HEAD_NAME,
+    QUANTIZED_LAYER_WEIGHTS,
+    expected_weights,
+    is_model_weight,
+)
 from engine.model.config import ModelConfig, check_layer_indices, hf_layer_indices
 from engine.config import QUANTIZE_MODES, QUANTIZED_COMPUTE
 from engine.model.linear import Linear
@@ -68,14 +76,6 @@ from engine.model.quant import (
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-EMBEDDING_NAME = "model.embed_tokens.weight"
-LM_HEAD_NAME = "lm_head.weight"
-_QUANTIZED_LAYER_WEIGHTS = (
-    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
-)
-# Rotary inverse-frequency buffers saved by old exports carry no information.
-IGNORED_WEIGHT_SUFFIX = "rotary_emb.inv_freq"
 # Bump when quantized copies of the same source change.
 _QUANTIZED_COPY_VERSION = 1
 
@@ -114,46 +114,6 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     if dtype not in DTYPES:
         raise ModelLoadError(f"Unknown dtype '{dtype}': use auto, {', '.join(DTYPES)}")
     return DTYPES[dtype]
-
-
-def is_model_weight(name: str) -> bool:
-    """Whether the loader takes a stored tensor: anything else in the files
-    (an exporter's extras) is skipped unread."""
-    return name.startswith(("model.", LM_HEAD_NAME))
-
-
-def expected_weights(c: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """name -> shape of every weight the loader takes for this config, a
-    separate LM head included when the embeddings are not tied (a folder
-    whose weights differ is refused)."""
-    hidden, inter, d = c.hidden_size, c.intermediate_size, c.head_dim
-    q_out, kv_out = c.num_attention_heads * d, c.num_key_value_heads * d
-    expected: dict[str, tuple[int, ...]] = {}
-    for i in range(c.num_hidden_layers):
-        p = f"model.layers.{i}."
-        attn, mlp = p + "self_attn.", p + "mlp."
-        expected |= {
-            p + "input_layernorm.weight": (hidden,),
-            p + "post_attention_layernorm.weight": (hidden,),
-            attn + "q_proj.weight": (q_out, hidden),
-            attn + "k_proj.weight": (kv_out, hidden),
-            attn + "v_proj.weight": (kv_out, hidden),
-            attn + "o_proj.weight": (hidden, q_out),
-            mlp + "gate_proj.weight": (inter, hidden),
-            mlp + "up_proj.weight": (inter, hidden),
-            mlp + "down_proj.weight": (hidden, inter),
-        }
-        if c.qkv_bias:
-            expected |= {attn + "q_proj.bias": (q_out,), attn + "k_proj.bias": (kv_out,), attn + "v_proj.bias": (kv_out,)}
-        if c.o_bias:
-            expected[attn + "o_proj.bias"] = (hidden,)
-        if c.mlp_bias:
-            expected |= {mlp + "gate_proj.bias": (inter,), mlp + "up_proj.bias": (inter,), mlp + "down_proj.bias": (hidden,)}
-    expected[EMBEDDING_NAME] = (c.vocab_size, hidden)
-    expected["model.norm.weight"] = (hidden,)
-    if not c.tie_word_embeddings:
-        expected[LM_HEAD_NAME] = (c.vocab_size, hidden)
-    return expected
 
 
 def quantized_formats(folder: Path) -> dict[str, str]:
@@ -545,7 +505,7 @@ def quantized_copy(
 
     config = ModelConfig.from_folder(source)
     raw_config = json.loads((source / "config.json").read_text(encoding="utf-8"))
-    layers = {f"model.layers.{i}.{name}" for i in range(config.num_hidden_layers) for name in _QUANTIZED_LAYER_WEIGHTS}
+    layers = {f"model.layers.{i}.{name}" for i in range(config.num_hidden_layers) for name in QUANTIZED_LAYER_WEIGHTS}
     total = count_tensors(files)
     detail = f"Quantizing {source.name} to {mode}; this happens once"
     reporter.report("import", 0, total, detail)

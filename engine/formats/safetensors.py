@@ -23,12 +23,13 @@ import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
-
-import numpy as np
-import torch
+from typing import TYPE_CHECKING, BinaryIO
 
 from engine.errors import CorruptSafetensorsError, NoWeightsError, PickleCheckpointError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 INDEX_NAME = "model.safetensors.index.json"
 PICKLE_PATTERNS = ("*.bin", "*.pt", "*.pth", "*.ckpt")
@@ -39,11 +40,14 @@ DTYPE_SIZES = {
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2,
     "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "F64": 8, "I64": 8, "U64": 8,
 }
-# The dtypes read into torch tensors (the ones checkpoints hold).
+# The dtypes read into torch tensors (the ones checkpoints hold), by torch's
+# names: torch (and numpy) are imported by the functions that move tensors
+# only, so that checking a folder's headers (app/models/checks.py, imported
+# while the window is built) does not wait seconds for them.
 TORCH_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-    "U8": torch.uint8, "BOOL": torch.bool,
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
+    "U8": "uint8", "BOOL": "bool",
 }
 # Float dtypes a model's weights may be stored in, by their torch names.
 FLOAT_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
@@ -142,17 +146,19 @@ def read_tensors(files: Iterable[Path]) -> Iterator[tuple[str, torch.Tensor]]:
     them: measured on a 1.1B Q4_0 model, 555 MiB of the 591 MiB file
     mapped on top of 385 MiB of stacked copies.
     """
+    import torch
+
     for path in files:
         try:
             with open(path, "rb", buffering=0) as handle:
                 for tensor in _parse_header(handle, os.fstat(handle.fileno()).st_size):
-                    dtype = TORCH_DTYPES.get(tensor.dtype)
-                    if dtype is None:
+                    dtype_name = TORCH_DTYPES.get(tensor.dtype)
+                    if dtype_name is None:
                         raise ValueError(f"tensor {tensor.name!r} has the unsupported dtype {tensor.dtype!r}")
                     buffer = torch.empty(tensor.nbytes, dtype=torch.uint8)
                     handle.seek(tensor.offset)
                     _read_into(handle, memoryview(buffer.numpy()))
-                    yield tensor.name, buffer.view(dtype).reshape(tensor.shape)
+                    yield tensor.name, buffer.view(getattr(torch, dtype_name)).reshape(tensor.shape)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise _unreadable(path, exc) from exc
 
@@ -180,6 +186,8 @@ def write_streamed(
     layout order) with their arrays, so at most one group is in memory.
     `written(bytes_so_far)` is called after each group (it may raise to stop).
     """
+    import numpy as np
+
     header: dict[str, object] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for entry in layout:

@@ -22,16 +22,21 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from engine.errors import ModelLoadError
-from engine.formats.loader import EMBEDDING_NAME, LM_HEAD_NAME, expected_weights
-from engine.model.config import ModelConfig
-from engine.model.linear import cpu_weight_packing
 from engine.config import QUANTIZE_MODES
-from engine.model.quant import QUANTIZE_FORMATS, QUANTIZED_TABLE_FORMAT, quantized_nbytes
-from engine.runner.memory import activation_dtype
+from engine.errors import ModelLoadError
+from engine.formats.weight_names import EMBEDDING_NAME, LM_HEAD_NAME, expected_weights
+
+if TYPE_CHECKING:
+    import torch
+
+    from engine.model.config import ModelConfig
+
+# ModelShape and QuantizedWeights are built while the window is (the model
+# registry's entries, app/models): this module imports torch's side of the
+# engine (engine.model.quant, .linear, engine.runner.memory) in the functions
+# that count bytes only, so that the window need not wait for torch.
 
 
 @dataclass(slots=True, frozen=True)
@@ -144,6 +149,8 @@ class QuantizedWeights:
         matrix qualifies."""
         if mode not in QUANTIZE_MODES:
             raise ModelLoadError(f"Unknown quantization '{mode}': use {', '.join(QUANTIZE_MODES)}")
+        from engine.model.quant import QUANTIZE_FORMATS, QUANTIZED_TABLE_FORMAT
+
         return cls(
             ((QUANTIZE_FORMATS[mode], shape.matmul_params),) if shape.matmul_params else (),
             QUANTIZED_TABLE_FORMAT,
@@ -167,6 +174,8 @@ def weight_bytes(
     load); `run_quantized`: a kernel runs them (else they are dequantized to
     `dtype` at load, engine/formats/loader.py resolve_quantized_compute).
     """
+    from engine.runner.memory import activation_dtype
+
     norms = shape.norm_params * activation_dtype(device, dtype).itemsize
     if run_quantized:
         total, held = _quantized_weight_bytes(shape, blocks, device, dtype)
@@ -184,6 +193,8 @@ def weight_bytes(
 
 
 def _packs(device: torch.device, dtype: torch.dtype) -> bool:
+    from engine.model.linear import cpu_weight_packing
+
     return device.type == "cpu" and cpu_weight_packing(dtype)
 
 
@@ -193,6 +204,8 @@ def _quantized_weight_bytes(
     """Bytes of the weights (norms apart) of a model whose blocks run
     quantized, and what they are held as ("q4_1+q8_0", with the float dtype
     of any float matrix beside them)."""
+    from engine.model.quant import quantized_nbytes
+
     w = dtype.itemsize
     packs = _packs(device, dtype)
     kinds = set(blocks.formats)

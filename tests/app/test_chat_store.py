@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -471,3 +472,46 @@ def test_read_only_file_in_writable_folder(shared_dir: Path) -> None:
     kind, message, text = run_unprivileged(attempt)
     assert kind == ReadOnlyStoreError.__name__ and "read-only" in message
     assert "Temples and tea." in text
+
+
+def test_updated_is_the_newest_message_not_the_last_write(store: ChatStore) -> None:
+    """A conversation's update time (the sidebar's and `tandem chats list`'s)
+    is its newest message's: the writes that change no message (a model
+    that loads saves every open pane's header, a chat opened into a pane is
+    saved whole again) neither change it nor move the chat up the list."""
+    from unittest import mock
+
+    older, newer = Conversation(title="Older"), Conversation(title="Newer")
+    for conv, when in ((older, 1_000.0), (newer, 2_000.0)):
+        conv.created_at = when - 10
+        conv.append_user("Hello")
+        conv.begin_reply([1])
+        conv.add_reply_delta("Hi", [2])
+        conv.end_reply("complete")
+        for message in conv.messages:
+            message.created_at = when
+        with mock.patch("app.store.chat_store.time.time", return_value=when + 5):
+            store.save_conversation(conv)
+    assert [(s.title, s.updated_at) for s in store.list_conversations()] == [("Newer", 2_000.0), ("Older", 1_000.0)]
+
+    with mock.patch("app.store.chat_store.time.time", return_value=9_000.0):
+        store.save_header(older)  # what a model load does to every open pane's conversation
+        store.save_conversation(older)  # what opening it into a pane does
+    assert [(s.title, s.updated_at) for s in store.list_conversations()] == [("Newer", 2_000.0), ("Older", 1_000.0)]
+
+    older.append_user("Still there?")
+    older.messages[-1].created_at = 3_000.0
+    with mock.patch("app.store.chat_store.time.time", return_value=9_100.0):
+        store.save_message(older.id, len(older.messages) - 1, older.messages[-1])
+    assert [(s.title, s.updated_at) for s in store.list_conversations()] == [("Older", 3_000.0), ("Newer", 2_000.0)]
+
+    empty = Conversation(title="Empty")
+    empty.created_at = 2_500.0
+    store.save_header(empty)
+    assert [s.updated_at for s in store.list_conversations()] == [3_000.0, 2_500.0, 2_000.0]  # no message: its creation
+
+    fork = Conversation(title="Fork")  # made at 4000 from copies of older messages: new, at the top
+    fork.created_at = 4_000.0
+    fork.messages = [dataclasses.replace(m) for m in newer.messages]
+    store.save_conversation(fork)
+    assert [(s.title, s.updated_at) for s in store.list_conversations()][0] == ("Fork", 4_000.0)

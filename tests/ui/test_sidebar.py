@@ -38,6 +38,9 @@ def save_chat(store: ChatStore, when: float, question: str, reply: str, turns: i
         conversation.begin_reply([1, 2, 3])
         conversation.add_reply_delta(reply, [4, 5])
         conversation.end_reply("complete")
+    conversation.created_at = when  # a chat last updated at `when`: its messages' time
+    for message in conversation.messages:
+        message.created_at = when
     with mock.patch("app.store.chat_store.time.time", return_value=when):
         store.save_conversation(conversation)
     return conversation
@@ -266,3 +269,36 @@ def test_empty_store(qtbot: Any, qapp: Any, tmp_path: Path) -> None:
         focus = sidebar.list
         QTest.keyClick(focus, Qt.Key.Key_Delete)  # nothing selected: nothing happens
         assert sidebar.confirmation is None
+
+
+def test_the_sidebar_and_tandem_chats_list_show_the_same_update_time(
+    qtbot: Any, qapp: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same chat, the same time in both: its last message's, not the
+    time of a later write that changed nothing (here a model load that
+    saves every open pane's header, an hour and a half on)."""
+    import io
+
+    from app.store.cli import main as chats_cli
+
+    monkeypatch.setenv("TANDEM_DATA_DIR", str(tmp_path / "data"))
+    last_message = NOW - 38 * 60 - 25  # 15:41:35: both cut it to 15:41
+    with ChatStore.open(tmp_path / "data" / "chats.sqlite3") as store:
+        conversation = save_chat(store, last_message, "Explain the asyncio event loop", "A single waiter.", turns=2)
+        with mock.patch("app.store.chat_store.time.time", return_value=NOW - 2 * 60):
+            store.save_header(conversation)
+    out = io.StringIO()
+    assert chats_cli(["list"], stdout=out) == 0
+    row = next(line for line in out.getvalue().splitlines() if line.startswith(conversation.id[:8]))
+    shown_by_cli = dt.datetime.fromtimestamp(last_message).strftime("%Y-%m-%d %H:%M")
+    assert shown_by_cli in row.split("  ")
+
+    store = ChatStore.open(tmp_path / "data" / "chats.sqlite3")
+    try:
+        widget = ChatSidebar(store, clock=lambda: NOW)
+        qtbot.addWidget(widget)
+        [summary] = widget.summaries()
+        assert relative_time(summary.updated_at, widget.now()) == "Today " + shown_by_cli[-5:] == "Today 15:41"
+        assert f"updated {shown_by_cli}" in widget.list.item(0).toolTip()
+    finally:
+        store.close()

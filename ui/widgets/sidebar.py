@@ -41,6 +41,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.store.chat_store import ConversationSummary
+from app.store.records import local_time_text
 from app.errors import AppError
 
 SUMMARY_ROLE = Qt.ItemDataRole.UserRole + 1
@@ -415,10 +416,12 @@ class ChatSidebar(QWidget):
         preview = summary.preview
         if len(preview) > TOOLTIP_PREVIEW_CHARS:
             preview = preview[: TOOLTIP_PREVIEW_CHARS - 1] + "…"
-        created = dt.datetime.fromtimestamp(summary.created_at).strftime("%Y-%m-%d %H:%M")
         lines = [
             f"<b>{html.escape(summary.title or UNTITLED)}</b>",
-            f"{count_label(summary.message_count)} · {html.escape(summary.model_id)} · started {created}",
+            f"{count_label(summary.message_count)} · {html.escape(summary.model_id)}",
+            # The times as `tandem chats list` writes them (the row shows the update relative to today).
+            f"updated {local_time_text(summary.updated_at)}",
+            f"started {local_time_text(summary.created_at)}",
         ]
         if preview:
             lines.append(f"<i>{html.escape(preview)}</i>")
