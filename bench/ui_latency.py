@@ -11,6 +11,15 @@ threads competing for the cores). The same three requests also run without
 the window, before and after, on the same engine: the decode rate with the
 window against the mean of those two is the window's cost to the engine.
 
+The GUI thread's own CPU time while the replies stream (`time.thread_time`
+on that thread: Python, layout and painting together) is reported as a
+share of one core: what the window takes from the engine's cores and GIL.
+
+`--code` asks for Python code instead of a story, so the replies stream a
+fenced block; `--no-highlight` shows that code uncoloured, so the two runs
+give the GUI-thread time per frame with and without highlighting.
+`--profile FILE` writes a cProfile of the GUI thread while it streams.
+
 Prints one JSON object.
 """
 
@@ -34,6 +43,10 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 from bench.common import machine  # noqa: E402
 
 PROMPT = "Tell me a long story about a lighthouse keeper and a storm."
+CODE_PROMPT = (
+    "Write a long Python module that parses CSV files, with classes, type hints and docstrings, "
+    "in one ```python code block."
+)
 TICK_MS = 10
 
 
@@ -54,7 +67,10 @@ def run_alone(engine: Any, prompts: list[list[int]], params: Any) -> float:
     return decode_rate(replies)
 
 
-def run_with_window(engine: Any, settings: Any, panes: int, store: Path | None = None) -> dict[str, Any]:
+def run_with_window(
+    engine: Any, settings: Any, panes: int, store: Path | None = None, *,
+    prompt: str = PROMPT, profile: Path | None = None,
+) -> dict[str, Any]:
     from ui.event_loop import TandemEventLoop
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
@@ -90,7 +106,7 @@ def run_with_window(engine: Any, settings: Any, panes: int, store: Path | None =
     # The window's own work per frame (re-rendering what streamed in), timed
     # apart from the gaps, which also count time the OS gave other threads.
     flushes: list[float] = []
-    flush = window.flush_panes
+    flush = window.render_frame
 
     def timed_flush() -> None:
         start = time.perf_counter()
@@ -104,26 +120,48 @@ def run_with_window(engine: Any, settings: Any, panes: int, store: Path | None =
     timer.setInterval(TICK_MS)
     timer.timeout.connect(tick)
 
+    gui_cpu: dict[str, float] = {}
+    profiler = None
+    if profile is not None:
+        import cProfile
+
+        profiler = cProfile.Profile()
+
     async def scenario() -> None:
         nonlocal streaming
-        await asyncio.sleep(0.5)  # first layout and paint out of the way
+        # First layout and paint out of the way, and the window's idle warm-up (the code lexer) done,
+        # as before anything a user types.
+        await asyncio.sleep(2.0)
         engine.reset_prefix_cache()
         timer.start()
         streaming = True
-        window.composer.edit.setPlainText(PROMPT)
+        if profiler is not None:
+            profiler.enable()
+        cpu0, wall0 = time.thread_time(), time.perf_counter()
+        window.composer.edit.setPlainText(prompt)
         window.composer.send_button.click()
         while not all(p.conversation.messages and p.conversation.messages[-1].role == "assistant"
                       and not p.busy for p in workspace.panes):
             await asyncio.sleep(0.05)
+        gui_cpu["cpu_s"] = time.thread_time() - cpu0
+        gui_cpu["wall_s"] = time.perf_counter() - wall0
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(str(profile))
         streaming = False
         timer.stop()
 
     with loop:
         loop.run_until_complete(scenario())
         replies = []
+        code_blocks = highlighted = 0
         for pane in workspace.panes:
             stats = pane.conversation.messages[-1].stats
             replies.append((stats.generated_tokens, stats.ttft_s, stats.elapsed_s))
+            view = window.panes[pane.id].messages[len(pane.conversation.messages) - 1]
+            blocks = view.body.code_blocks()
+            code_blocks += len(blocks)
+            highlighted += sum(1 for block in blocks if block.is_highlighted())
         window.hide()
         if session is not None:
             loop.run_until_complete(session.aclose())
@@ -136,6 +174,10 @@ def run_with_window(engine: Any, settings: Any, panes: int, store: Path | None =
         "gaps": gaps,
         "generated": [n for n, _, _ in replies],
         "flushes": sorted(flushes),
+        "gui_cpu_s": gui_cpu.get("cpu_s", 0.0),
+        "stream_wall_s": gui_cpu.get("wall_s", 0.0),
+        "code_blocks": code_blocks,
+        "highlighted_blocks": highlighted,
     }
 
 
@@ -149,7 +191,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="engine CPU threads (default: the engine's policy)")
     parser.add_argument("--store", action="store_true",
                         help="record into a chat store in a temporary folder, as the app does")
+    parser.add_argument("--code", action="store_true", help="ask for a Python code block instead of a story")
+    parser.add_argument("--no-highlight", action="store_true", help="show fenced code uncoloured")
+    parser.add_argument("--profile", type=Path, default=None, help="write a cProfile of the GUI thread here")
     args = parser.parse_args()
+    text = CODE_PROMPT if args.code else PROMPT
+    if args.no_highlight:
+        import ui.panes.markdown_view as markdown_view
+
+        markdown_view.knows_language = lambda _lang: False
 
     from app.workspace.conversation import Conversation
     from app.settings import Settings
@@ -161,14 +211,15 @@ def main() -> None:
     )
     engine = Engine(**settings.engine_kwargs())
     # The very prompt each pane sends: same ids, same work, with or without the window.
-    prompt = Conversation(system_prompt=settings.default_system_prompt).next_prompt(engine.tokenizer, user_text=PROMPT)
+    prompt = Conversation(system_prompt=settings.default_system_prompt).next_prompt(engine.tokenizer, user_text=text)
     prompts = [prompt] * args.panes
     params = settings.default_params
     engine.generate_outputs([prompt], params=dataclasses.replace(params, max_tokens=8))  # warm-up
 
     alone_before = run_alone(engine, prompts, params)
     with tempfile.TemporaryDirectory(prefix="tandem-bench-") as folder:
-        ui = run_with_window(engine, settings, args.panes, Path(folder) / "chats.sqlite3" if args.store else None)
+        ui = run_with_window(engine, settings, args.panes, Path(folder) / "chats.sqlite3" if args.store else None,
+                             prompt=text, profile=args.profile)
     alone_after = run_alone(engine, prompts, params)
     alone = (alone_before + alone_after) / 2
     gaps = ui["gaps"]
@@ -186,6 +237,14 @@ def main() -> None:
         "frame_render_ms_p50": round(statistics.median(ui["flushes"]), 2) if ui["flushes"] else None,
         "frame_render_ms_max": round(ui["flushes"][-1], 2) if ui["flushes"] else None,
         "frames": len(ui["flushes"]),
+        "frame_render_ms_mean": round(statistics.fmean(ui["flushes"]), 2) if ui["flushes"] else None,
+        # The GUI thread's CPU while streaming, as a share of one core, and per frame.
+        "gui_thread_cpu_pct": round(100 * ui["gui_cpu_s"] / ui["stream_wall_s"], 1) if ui["stream_wall_s"] else None,
+        "gui_thread_cpu_ms_per_frame": round(1000 * ui["gui_cpu_s"] / len(ui["flushes"]), 2) if ui["flushes"] else None,
+        "code": args.code,
+        "highlight": not args.no_highlight,
+        "code_blocks": ui["code_blocks"],
+        "highlighted_code_blocks": ui["highlighted_blocks"],
         "panes": args.panes,
         "new_tokens": args.new_tokens,
         "generated_with_ui": ui["generated"],

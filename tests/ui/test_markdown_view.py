@@ -6,7 +6,7 @@ from typing import Any
 
 from PySide6.QtGui import QGuiApplication
 
-from ui.panes.markdown_view import AutoHeightText, Block, CodeBlockView, MarkdownView, split_blocks
+from ui.panes.markdown_view import AutoHeightText, Block, CodeBlockView, MarkdownView, appends_as_plain_text, split_blocks
 
 
 def test_split_blocks_separates_code_and_standalone_paragraphs() -> None:
@@ -160,3 +160,54 @@ def test_a_long_code_line_scrolls_inside_its_block_instead_of_widening_it(qtbot:
     qtbot.waitUntil(bar.isVisible)
     # Both lines and the scroll bar fit the block's height.
     assert block.code.height() >= block.code.document().size().height() + bar.height()
+
+
+def test_a_growing_paragraph_of_plain_words_is_appended_as_markdown_would_render_it(qtbot: Any) -> None:
+    # Streamed token by token: each step shows exactly what parsing the whole paragraph shows.
+    streams = [
+        ["Once", " upon", " a", " time,", " the", " keeper", " (old", " Tom)", " said:", " “Storm’s", " coming!”"],
+        ["The", " 3", " ships", " sailed", " at", " 5.30;", " 100%", " sure", " — ", "no", " doubt", "…"],
+        ["Go", " to", " **", "bold", "**", " then", " plain", " again"],  # emphasis: parsed again
+        ["Visit", " www", ".example", ".com", " now"],  # an autolink: parsed again
+        ["Two", "  ", "spaces", " and", " a", " trailing", " ", "space"],
+        ["1", ".", " not", " a", " list", " yet"],
+        ["Line", "\n", "break", " here"],
+    ]
+    for tokens in streams:
+        growing = AutoHeightText()
+        qtbot.addWidget(growing)
+        growing.resize(300, 100)
+        text = ""
+        for token in tokens:
+            text += token
+            growing.show_markdown(text)
+            fresh = AutoHeightText()
+            fresh.setMarkdown(text)
+            assert growing.toPlainText() == fresh.toPlainText(), text
+            assert growing.document().toMarkdown() == fresh.document().toMarkdown(), text
+            assert growing.document().blockCount() == fresh.document().blockCount(), text
+            fresh.deleteLater()
+
+
+def test_only_plain_prose_appends_without_parsing() -> None:
+    assert appends_as_plain_text("The keeper", " said, “yes!”")
+    assert not appends_as_plain_text("The keeper", " *said*")  # emphasis
+    assert not appends_as_plain_text("The keeper", " `code`")
+    assert not appends_as_plain_text("The keeper", " [a](b)")
+    assert not appends_as_plain_text("The keeper ", "said")  # Markdown dropped the trailing space
+    assert not appends_as_plain_text("The keeper", " said\nthen")  # a line break
+    assert not appends_as_plain_text("- item", " more")  # a list
+    assert not appends_as_plain_text("1. item", " more")
+    assert not appends_as_plain_text("# Title", " more")
+    assert not appends_as_plain_text("See www", ".example.com")  # an autolink
+    assert not appends_as_plain_text("Mail me", " at a@b.org")
+    assert not appends_as_plain_text("", "Hello")
+
+
+def test_warm_up_loads_the_common_lexer_ahead(qtbot: Any) -> None:
+    from ui.panes import code_highlight
+
+    code_highlight.line_spans.cache_clear()
+    code_highlight.warm_up(dark=False)
+    assert code_highlight.line_spans.cache_info().currsize == 1
+    assert code_highlight._lexer(code_highlight.COMMON_LANGUAGE) is not None

@@ -91,6 +91,29 @@ def split_blocks(text: str) -> list[Block]:
     return blocks
 
 
+# Prose that Markdown shows exactly as written: letters, digits, single spaces
+# and punctuation that starts no Markdown (no emphasis, code, links, HTML,
+# escapes, entities, autolinks, tables or line breaks).
+_PLAIN_PROSE = re.compile(r"(?:[^\W_]|[ ,.;:?!'\"()%\-’‘“”—–…])*")
+
+
+def appends_as_plain_text(shown: str, added: str) -> bool:
+    """Whether Markdown `shown + added` renders as `shown` with `added` typed
+    at its end, so a streaming paragraph can grow without being parsed again.
+
+    True only when both are plain prose on one line: `shown` starts with a
+    letter (no list, heading or indented code), neither has two spaces in a
+    row nor ends in a space (Markdown drops trailing spaces), and no "www."
+    (an autolink) appears."""
+    if not shown or not added or not shown[0].isalpha():
+        return False
+    if shown[-1] == " " or added[-1] == " " or "  " in shown[-1] + added:
+        return False
+    if _PLAIN_PROSE.fullmatch(added) is None or _PLAIN_PROSE.fullmatch(shown) is None:
+        return False
+    return "www." not in (shown + added).lower()
+
+
 class AutoHeightText(QTextBrowser):
     """A read-only rich text view exactly as tall as its content.
 
@@ -112,12 +135,25 @@ class AutoHeightText(QTextBrowser):
         self.viewport().setAutoFillBackground(False)
         self.document().setDocumentMargin(2)
         self.document().documentLayout().documentSizeChanged.connect(self._fit)
+        self._shown_markdown: str | None = None  # what show_markdown rendered last
         self._fit()
 
     def _fit(self, *_: object) -> None:
         height = math.ceil(self.document().size().height()) + 2 * self.frameWidth()
         if height != self.height():
             self.setFixedHeight(max(height, 1))
+
+    def show_markdown(self, text: str) -> None:
+        """Render Markdown `text`. A paragraph that grew by plain words (a
+        streaming reply) gets them appended instead of being parsed and laid
+        out again from its first word."""
+        shown, self._shown_markdown = self._shown_markdown, text
+        if shown is not None and text.startswith(shown) and appends_as_plain_text(shown, text[len(shown):]):
+            cursor = QTextCursor(self.document())
+            cursor.movePosition(QTextCursor.MoveOperation.End)
+            cursor.insertText(text[len(shown):])
+        else:
+            self.setMarkdown(text)
 
     def resizeEvent(self, event) -> None:  # noqa: N802 (Qt naming)
         super().resizeEvent(event)
@@ -306,7 +342,7 @@ class MarkdownView(QWidget):
             if self._plain:
                 widget.setPlainText(block.text)
             else:
-                widget.setMarkdown(block.text)
+                widget.show_markdown(block.text)
 
     def code_blocks(self) -> list[CodeBlockView]:
         return [w for w in self._widgets if isinstance(w, CodeBlockView)]

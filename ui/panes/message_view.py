@@ -128,10 +128,15 @@ class MessageView(QFrame):
         button.clicked.connect(lambda: signal.emit(self.index))
         return button
 
-    def update_from(self, message: Message, live_stats: ReplyStats | None = None) -> None:
+    def update_from(self, message: Message, live_stats: ReplyStats | None = None, *, details: bool = True) -> None:
+        """Show `message`. `details=False` while it streams and is shown streaming
+        already: only its text, the stats line and the rest as they were."""
+        streaming = message.state == "streaming"
+        if not details and streaming and self.state == "streaming":
+            self.body.set_markdown(message.text)
+            return
         self.state = message.state
         self.body.set_markdown(message.text)
-        streaming = message.state == "streaming"
         notes = {
             "streaming": "replying…",
             "stopped": "stopped",

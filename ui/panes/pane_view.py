@@ -1,9 +1,10 @@
 """One conversation pane: header, messages, context meter.
 
-The pane never renders on every delta: `mark_dirty` records what changed and
-the window's frame timer calls `flush` at most ~30 times a second, which
-re-renders only the messages that changed (while a reply streams: that one
-reply, and within it only its last Markdown block).
+The pane never renders on every delta: `reply_delta` records what changed and
+the window's frame timer calls `flush` at most ~30 times a second (~15 while
+several panes stream), which re-renders only the messages that changed (while
+a reply streams: that one reply, and within it only its last Markdown block;
+its stats line and the context meter every few frames).
 """
 
 from __future__ import annotations
@@ -322,17 +323,22 @@ class PaneView(QFrame):
     def dirty(self) -> bool:
         return bool(self._dirty)
 
-    def flush(self) -> None:
-        """Re-render what changed since the last flush (called by the frame timer)."""
+    def flush(self, live_details: bool = True) -> None:
+        """Re-render what changed since the last flush (called by the frame timer).
+
+        `live_details=False` leaves a streaming reply's stats line and the
+        context meter as they are (the window refreshes them every few
+        frames); what is not streaming is always shown whole."""
         if not self._dirty:
             return
         msgs = self.pane.conversation.messages
         for index in sorted(self._dirty):
             view = self.messages.get(index)
             if view is not None and index < len(msgs):
-                view.update_from(msgs[index], self._live_stats.get(index))
+                view.update_from(msgs[index], self._live_stats.get(index), details=live_details)
         self._dirty.clear()
-        self.refresh_context()
+        if live_details or not self.pane.busy:
+            self.refresh_context()
 
     # -- messages --------------------------------------------------------------
 

@@ -38,10 +38,12 @@ from PySide6.QtWidgets import (
 from app.errors import AppError, EngineNotReadyError
 from engine.errors import EngineError
 from ui.dialogs.shortcuts import EditMessageDialog, ShortcutsDialog, about_text
+from ui.panes.code_highlight import warm_up as warm_up_code
 from ui.panes.compare_bar import CompareBar
 from ui.panes.composer import Composer
 from ui.panes.pane_settings import PaneSettingsPopover
 from ui.panes.pane_view import PaneView
+from ui.theme import is_dark
 from ui.window.actions import build_actions, refresh_enabled, shortcut_rows
 from ui.window.banner import LoadingBanner, StoreBanner
 from ui.window.chat_files import ChatFiles
@@ -66,6 +68,17 @@ log = logging.getLogger(__name__)
 
 # ~30 repaints a second at most, whatever the token rate.
 FRAME_INTERVAL_MS = 33
+# With several replies streaming, each frame costs the GUI thread once per
+# streaming pane, and the GUI thread shares the cores and the GIL with the
+# engine that is then busiest: ~15 frames a second, the same text a little
+# later (measured in bench/ui_latency.py; docs/benchmarks.md).
+BUSY_FRAME_INTERVAL_MS = 66
+# While a reply streams its stats line and its pane's context meter change
+# every frame but are read at a glance: they follow every this many frames.
+LIVE_DETAILS_EVERY_FRAMES = 8
+# A moment after the window opens, the first code block's lexer and font are
+# loaded while nothing streams (ui.panes.code_highlight.warm_up).
+WARM_UP_CODE_AFTER_MS = 1500
 
 
 class MainWindow(QMainWindow):
@@ -179,7 +192,9 @@ class MainWindow(QMainWindow):
 
         self._frame_timer = QTimer(self)
         self._frame_timer.setInterval(FRAME_INTERVAL_MS)
-        self._frame_timer.timeout.connect(self.flush_panes)
+        self._frame_timer.timeout.connect(self.render_frame)
+        self._frames = 0
+        QTimer.singleShot(WARM_UP_CODE_AFTER_MS, self, self._warm_up_code)
         self._stats_timer = QTimer(self)
         self._stats_timer.setInterval(STATS_INTERVAL_MS)
         self._stats_timer.timeout.connect(self.refresh_status)
@@ -246,15 +261,38 @@ class MainWindow(QMainWindow):
             self._frame_timer.start()
 
     def flush_panes(self) -> None:
-        """Repaint what changed in the panes now (the frame timer calls this)."""
-        dirty = False
+        """Show everything that changed in the panes now, stats lines and context meters included."""
         for view in self.panes.values():
             if view.dirty:
                 view.flush()
-                dirty = True
-        if not dirty and not any(view.pane.busy for view in self.panes.values()):
-            self._frame_timer.stop()
 
+    def render_frame(self) -> None:
+        """One frame of the frame timer: the streamed text of every pane that
+        changed, its stats line and context meter every few frames, and the
+        next frame sooner or later by how many panes stream."""
+        self._frames += 1
+        details = self._frames % LIVE_DETAILS_EVERY_FRAMES == 0
+        dirty = False
+        for view in self.panes.values():
+            if view.dirty:
+                view.flush(live_details=details)
+                dirty = True
+        streaming = sum(1 for view in self.panes.values() if view.pane.busy)
+        if not dirty and not streaming:
+            self._frame_timer.stop()
+            return
+        interval = BUSY_FRAME_INTERVAL_MS if streaming > 1 else FRAME_INTERVAL_MS
+        if self._frame_timer.interval() != interval:
+            self._frame_timer.setInterval(interval)
+
+    def _warm_up_code(self) -> None:
+        if not self.shutdown_started:
+            warm_up_code(is_dark(self.palette()))
+
+    @property
+    def frame_interval_ms(self) -> int:
+        """How often the panes repaint while replies stream (FRAME_INTERVAL_MS or BUSY_FRAME_INTERVAL_MS)."""
+        return self._frame_timer.interval()
 
     def update_streaming(self) -> None:
         self.composer.set_streaming(any(view.pane.busy for view in self.panes.values()))
