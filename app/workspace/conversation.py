@@ -552,6 +552,55 @@ class Conversation:
         self._kept_ids = list(target.kept_ids)
         self.messages[index].versions = versions
 
+    def last_turn(self) -> tuple[int, int | None] | None:
+        """(index of the last user message, index of the reply after it or None); None when nothing was asked."""
+        for i in range(len(self.messages) - 1, -1, -1):
+            if self.messages[i].role == "user":
+                after = i + 1
+                has_reply = after < len(self.messages) and self.messages[after].role == "assistant"
+                return i, after if has_reply else None
+        return None
+
+    def adopt_reply(self, reply: Message, prompt_ids: list[int] | None) -> int:
+        """Make `reply` (another pane's answer to the same message) the answer
+        to this conversation's last user message, as that turn's newest
+        version; the answer it had, and anything after it, stays an earlier
+        version. Returns the reply's index.
+
+        `prompt_ids`: this conversation's prompt for the turn when `reply`'s
+        ids come from the same model: the kept ids become that prompt plus the
+        ids the reply was generated with, so the next turn starts on the pages
+        its generation left in the prefix cache. None when they come from
+        another model: the reply is kept as text and the next turn encodes it.
+        """
+        self._require_idle()
+        turn = self.last_turn()
+        if turn is None:
+            raise MessageIndexError("There is no message you wrote to answer.")
+        index = turn[0] + 1
+        self.set_version_aside(index)
+        same_ids = prompt_ids is not None
+        message = Message(
+            "assistant",
+            reply.text,
+            token_ids=list(reply.token_ids) if same_ids else [],
+            state="stopped" if reply.state == "stopped" else "complete",
+            model_id=reply.model_id,
+            params=reply.params,
+        )
+        self.messages.append(message)
+        self._kept_after.append(None)
+        if self._next_versions is not None and self._next_versions[0] == index:
+            message.versions = self._next_versions[1]
+        self._next_versions = None
+        if prompt_ids is not None:
+            self._adopt_prompt(prompt_ids)
+            self._kept_ids = list(prompt_ids) + message.token_ids
+            self._kept_after[index] = len(self._kept_ids)
+        if not self.title:
+            self.title = self.auto_title(self.messages[turn[0]].text)
+        return index
+
     def fork(self, upto_message_index: int) -> Conversation:
         """A new conversation holding messages[: upto_message_index + 1] and the kept ids that cover them.
 

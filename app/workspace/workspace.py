@@ -51,6 +51,7 @@ from app.events import (
 from app.remote.openai_client import RemoteError
 from app.remote.remote_pane import RemoteBackend, RemoteReply
 from app.settings import Settings
+from app.workspace.carry_forward import CarryResult, carried_reply, prompt_for_carried_ids, why_not_carried
 from app.workspace.context_policy import PromptPlan, drop_notice, plan_prompt
 from app.workspace.conversation import CONTEXT_POLICIES, Conversation
 from app.workspace.model_slots import SHUTDOWN_TIMEOUT_S, ModelSlot, ModelSlots
@@ -452,6 +453,31 @@ class Workspace:
         conversation.show_version(message_index, version)
         self._emit(ReplyVersionShown(pane.id, message_index, conversation.user_message_of(message_index)))
 
+    def use_in_all_panes(self, pane_id: int, message_index: int) -> CarryResult:
+        """Make the pane's last reply the answer to the same message in every
+        other pane, as the newest version of their answer (theirs stays a
+        version), so the next broadcast continues from the same history
+        everywhere (app.workspace.carry_forward). A pane whose last message
+        differs is left as it was and named in the result; nothing happens
+        while any pane is replying (PaneBusyError)."""
+        source = self.pane(pane_id)
+        reply, user_text = carried_reply(source, message_index)
+        self._refuse_busy(self.panes)
+        engine = self.engine_for(source.conversation.model_id) if source.remote is None else None
+        tokenizer = engine.tokenizer if engine is not None else None
+        result = CarryResult()
+        for pane in list(self.panes):
+            if pane is source:
+                continue
+            why = why_not_carried(pane, user_text)
+            if why is not None:
+                result.skipped.append((pane.id, why))
+                continue
+            index = pane.conversation.adopt_reply(reply, prompt_for_carried_ids(source, pane, tokenizer))
+            result.carried.append(pane.id)
+            self._emit(ReplyVersionShown(pane.id, index, pane.conversation.user_message_of(index)))
+        return result
+
     def stop(self, pane_id: int | None = None) -> None:
         """Stop the pane's reply (every running reply when None). A stopped
         reply keeps what it had written, marked "stopped"; the pane becomes
@@ -621,6 +647,7 @@ class Workspace:
 
 __all__ = [
     "SHUTDOWN_TIMEOUT_S",
+    "CarryResult",
     "ModelSlot",
     "Pane",
     "Turn",
