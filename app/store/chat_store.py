@@ -11,6 +11,9 @@ The rest of the store lives beside it, one concept a module:
     app.store.records      the row records and the encodings of their values
     app.store.errors       StoreError and its subclasses
 
+The blind arena's votes (app.arena.votes) are kept here too, in a table of
+their own: `add_arena_vote`, `arena_votes`, `delete_arena_vote`.
+
 The names other modules use from those are re-exported here.
 
 Threads: a ChatStore is one sqlite3 connection and belongs to the thread
@@ -29,6 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from app.arena.votes import ArenaVote, ArenaVoteError, sides_from_json, sides_to_json
 from app.secrets import SecretStoreError, default_secrets, new_remote_key_id
 from app.store.connection import BUSY_TIMEOUT_S, STORE_FILENAME, default_path, open_store_file
 from app.store.errors import (
@@ -537,6 +541,49 @@ class ChatStore:
             )
             for conversation_id, title, base_url, model, key_id, width in rows
         ]
+
+    # -- the blind arena's votes -----------------------------------------------------
+
+    def add_arena_vote(self, vote: ArenaVote) -> int:
+        """Store a vote (its prompt, outcome and every side's label, model,
+        settings and reply) in one transaction; returns its id (vote.id is ignored)."""
+        with self._write() as conn:
+            cursor = conn.execute(
+                """INSERT INTO arena_votes (arena_id, created_at, prompt, outcome, winner, sides)
+                   VALUES (?, ?, ?, ?, ?, ?)""",
+                (vote.arena_id, vote.created_at, vote.prompt, vote.outcome, vote.winner, sides_to_json(vote.sides)),
+            )
+        return int(cursor.lastrowid)  # type: ignore[arg-type]
+
+    def delete_arena_vote(self, vote_id: int) -> None:
+        """Take a vote back (a mistaken key press); unknown ids are a StoreError."""
+        with self._write() as conn:
+            cursor = conn.execute("DELETE FROM arena_votes WHERE id = ?", (vote_id,))
+            if cursor.rowcount == 0:
+                raise StoreError(f"There is no arena vote {vote_id}; it may have been taken back already.")
+
+    def arena_votes(self, *, problems: list[str] | None = None) -> list[ArenaVote]:
+        """Every vote, oldest first.
+
+        A row that cannot be a vote (damaged JSON, a winner that is none of
+        its sides, ...) is left out with a logged warning, so one bad row
+        never keeps the leaderboard from showing; `problems`, when given,
+        also receives one sentence per row left out.
+        """
+        rows = self._query(
+            "SELECT id, arena_id, created_at, prompt, outcome, winner, sides FROM arena_votes ORDER BY id"
+        )
+        votes: list[ArenaVote] = []
+        for vote_id, arena_id, created_at, prompt, outcome, winner, sides in rows:
+            try:
+                votes.append(ArenaVote(prompt=prompt, sides=sides_from_json(sides), outcome=outcome, winner=winner,
+                                       created_at=created_at, arena_id=arena_id, id=vote_id))
+            except ArenaVoteError as exc:
+                problem = f"Arena vote {vote_id} in {self.path} could not be read ({exc}); it is left out."
+                log.warning("%s", problem)
+                if problems is not None:
+                    problems.append(problem)
+        return votes
 
 
 __all__ = [

@@ -194,6 +194,25 @@ def migrate_v3_to_v4(conn: sqlite3.Connection, secrets: Secrets | None = None) -
     conn.execute("ALTER TABLE messages ADD COLUMN versions TEXT")
 
 
+# -- v4 -> v5 ---------------------------------------------------------------------
+
+_V5_ARENA_VOTES = """
+CREATE TABLE arena_votes (
+    id INTEGER PRIMARY KEY NOT NULL,
+    arena_id TEXT,
+    created_at REAL NOT NULL,
+    prompt TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    winner TEXT,
+    sides TEXT NOT NULL
+)"""
+
+
+def migrate_v4_to_v5(conn: sqlite3.Connection, secrets: Secrets | None = None) -> None:
+    """The blind arena's votes: a new, empty arena_votes table (no v4 data changes)."""
+    conn.execute(_V5_ARENA_VOTES)
+
+
 # -- the steps, in order -------------------------------------------------------------
 
 # A step takes the store's connection and the secrets a step may move data to.
@@ -204,6 +223,7 @@ STEPS: dict[int, Step] = {
     1: migrate_v1_to_v2,
     2: migrate_v2_to_v3,
     3: migrate_v3_to_v4,
+    4: migrate_v4_to_v5,
 }
 
 # Every version from the first to the current one has its step: a gap would

@@ -26,13 +26,18 @@ v4  messages gain versions: for a reply that regenerate or edit-and-resend
     made again, the turn's other versions (JSON, app.store.records
     `versions_to_dict`: each version's messages, the user text it answers
     and its kept token ids); NULL for every other message.
+v5  arena_votes: one row per blind-arena vote (app.arena.votes): the
+    prompt, the outcome ("win", "tie", "both_bad"), the winning label, and
+    the sides as JSON (app.arena.votes `sides_to_json`: each side's label,
+    model, settings and reply). Not tied to a conversation: deleting a chat
+    keeps its votes on the leaderboard.
 """
 
 from __future__ import annotations
 
 import sqlite3
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 CREATE_CONVERSATIONS = """
 CREATE TABLE conversations (
@@ -77,6 +82,17 @@ CREATE TABLE layout (
     width INTEGER
 )"""
 
+CREATE_ARENA_VOTES = """
+CREATE TABLE arena_votes (
+    id INTEGER PRIMARY KEY NOT NULL,
+    arena_id TEXT,
+    created_at REAL NOT NULL,
+    prompt TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    winner TEXT,
+    sides TEXT NOT NULL
+)"""
+
 CREATE_META = "CREATE TABLE meta (key TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL)"
 
 CREATE_INDEXES = ("CREATE INDEX conversations_by_update ON conversations (updated_at DESC)",)
@@ -84,5 +100,7 @@ CREATE_INDEXES = ("CREATE INDEX conversations_by_update ON conversations (update
 
 def create_schema(conn: sqlite3.Connection) -> None:
     """Create the current schema's tables in an empty database (inside the caller's transaction)."""
-    for statement in (CREATE_CONVERSATIONS, CREATE_MESSAGES, CREATE_LAYOUT, CREATE_META, *CREATE_INDEXES):
+    for statement in (
+        CREATE_CONVERSATIONS, CREATE_MESSAGES, CREATE_LAYOUT, CREATE_ARENA_VOTES, CREATE_META, *CREATE_INDEXES
+    ):
         conn.execute(statement)

@@ -7,6 +7,7 @@ version; all steps together must arrive at exactly the schema a new store has.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 from pathlib import Path
@@ -225,6 +226,78 @@ def test_v3_to_v4_adds_reply_versions(tmp_path: Path) -> None:
         assert kept is not None and kept.messages[0].text == "Lyon." and kept.kept_ids == [1, 2, 3, 4, 5]
         again.show_version(1, 0)
         assert again.kept_ids == [1, 2, 3, 4, 5] and again.messages[1].token_ids == [4, 5]
+    fresh = sqlite3.connect(":memory:")
+    create_schema(fresh)
+    assert migrated == schema_of(fresh)
+
+
+def build_v4(path: Path) -> None:
+    """A version-4 store: a conversation with a reply that has another version, no arena table."""
+    from app.store import schema
+
+    conn = sqlite3.connect(path)
+    for statement in (schema.CREATE_CONVERSATIONS, schema.CREATE_MESSAGES, schema.CREATE_LAYOUT, schema.CREATE_META,
+                      *schema.CREATE_INDEXES):
+        conn.execute(statement)
+    conn.execute(
+        """INSERT INTO conversations (id, title, created_at, updated_at, system_prompt, params, model_id,
+                                      context_policy, kept_ids) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+        (CONV, "Trip", 100.0, 200.0, "", PARAMS, "smollm", "stop", pack_ids([1, 2, 3, 7, 8, 9])),
+    )
+    versions = json.dumps({"current": 1, "versions": [
+        {"user_text": "Where to?", "turn_marks": [5], "kept_ids": [1, 2, 3, 4, 5],
+         "messages": [{"role": "assistant", "text": "Lyon.", "token_ids": [4, 5], "state": "complete",
+                       "model_id": "smollm", "params": None, "stats": None, "error": None,
+                       "created_at": 101.5, "versions": None}]},
+        None,
+    ]})
+    conn.executemany(
+        "INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            (CONV, 0, "user", "Where to?", b"", "complete", None, None, None, None, 101.0, None, None),
+            (CONV, 1, "assistant", "Paris.", pack_ids([7, 8, 9]), "complete", "smollm", PARAMS, STATS, None, 102.0,
+             6, versions),
+        ],
+    )
+    conn.execute("INSERT INTO meta VALUES ('session', 'clean')")
+    conn.execute("PRAGMA user_version = 4")
+    conn.commit()
+    conn.close()
+
+
+def test_v4_to_v5_adds_arena_votes(tmp_path: Path) -> None:
+    from app.arena.votes import ArenaSide, ArenaVote
+
+    path = tmp_path / "v4.sqlite3"
+    build_v4(path)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("BEGIN")
+    migrations.migrate_v4_to_v5(conn)
+    conn.execute("COMMIT")
+    assert conn.execute("SELECT count(*) FROM arena_votes").fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM messages").fetchone() == (2,)  # v4's rows untouched
+    conn.close()
+
+    path = tmp_path / "v4-opened.sqlite3"  # the same file, migrated by the store's own open
+    build_v4(path)
+    vote = ArenaVote(
+        prompt="Where to?",
+        sides=(ArenaSide("A", "smollm", {"temperature": 0.2}, "Paris.", 1),
+               ArenaSide("B", "smollm", {"temperature": 1.0}, "Lyon.", 2)),
+        outcome="win", winner="B", created_at=103.0, arena_id=CONV,
+    )
+    with ChatStore.open(path, recover=False) as store:
+        assert store.schema_version == SCHEMA_VERSION
+        migrated = schema_of(store._conn)
+        trip = store.load_conversation(CONV)
+        assert [m.text for m in trip.messages] == ["Where to?", "Paris."]
+        versions = trip.messages[1].versions
+        assert versions is not None and versions.versions[0] is not None
+        assert versions.versions[0].messages[0].text == "Lyon."
+        assert store.arena_votes() == []
+        vote_id = store.add_arena_vote(vote)
+    with ChatStore.open(path, recover=False) as store:
+        assert store.arena_votes() == [dataclasses.replace(vote, id=vote_id)]
     fresh = sqlite3.connect(":memory:")
     create_schema(fresh)
     assert migrated == schema_of(fresh)
