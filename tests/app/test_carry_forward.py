@@ -19,7 +19,11 @@ from app.store.session import ChatSession
 from app.workspace.carry_forward import CarryError
 from app.workspace.workspace import Workspace
 from engine import SamplingParams
-from tests.app.test_workspace import Recorder, pages_below
+
+
+def pages_below(tokens: int, page_size: int) -> int:
+    """Prompt tokens that full pages of a `tokens`-long sequence cover (its last token was sampled, never fed)."""
+    return (tokens - 1) // page_size * page_size
 
 
 def _settings(model: Path) -> Settings:
@@ -36,7 +40,8 @@ def test_the_reply_becomes_every_panes_answer_and_the_next_turn_hits_the_cache(
     async def first_run() -> tuple[list[str], list[list[int]], str]:
         session = ChatSession.open(path)
         workspace = Workspace(_settings(tiny_model_dir))
-        recorder = Recorder(workspace)
+        shown: list[ReplyVersionShown] = []
+        workspace.subscribe(lambda e: shown.append(e) if isinstance(e, ReplyVersionShown) else None)
         panes = session.restore(workspace, default_panes=4)
         best, second, third, elsewhere = panes
         workspace.set_model(elsewhere.id, str(other_model))
@@ -54,7 +59,6 @@ def test_the_reply_becomes_every_panes_answer_and_the_next_turn_hits_the_cache(
 
         result = workspace.use_in_all_panes(best.id, 1)
         assert result.carried == [second.id, third.id, elsewhere.id] and result.skipped == []
-        shown = recorder.of(ReplyVersionShown)[-3:]
         assert [(e.pane_id, e.index, e.first) for e in shown] == [(p.id, 1, 0) for p in (second, third, elsewhere)]
         for pane in (second, third, elsewhere):
             carried = pane.conversation.messages[1]

@@ -1,0 +1,170 @@
+"""The summary of a compared turn: each pane's reply to the last broadcast
+message, its length, speed and time to first token from its stats, and how
+many of its words it shares with each other reply (app.workspace.compare's
+word diff), as a table to read, copy (Markdown) or export (CSV).
+
+The last broadcast turn is read from the conversations themselves: the
+panes whose last message was the most recently sent text and which have a
+reply to it. `figures_of` takes plain texts and stats, so the word diffs can
+run off the GUI thread.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from app.workspace.compare import word_diff
+
+if TYPE_CHECKING:
+    from app.workspace.conversation import ReplyStats
+    from app.workspace.pane import Pane
+
+
+@dataclass(frozen=True, slots=True)
+class TurnReply:
+    """One pane's reply to the turn, as the summary needs it (a copy: safe to hand to a thread)."""
+
+    pane_id: int
+    title: str
+    model: str
+    text: str
+    stats: ReplyStats | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyFigures:
+    pane_id: int
+    title: str
+    model: str
+    words: int
+    tokens: int | None  # generated tokens; None when the server did not say
+    tokens_per_s: float | None
+    ttft_s: float | None
+    # Fraction of this reply's words that match the other reply, per other pane id (in the turn's order).
+    shared: dict[int, float]
+
+
+def last_turn(panes: Sequence[Pane], model_name: dict[str, str] | None = None) -> tuple[str, list[TurnReply]] | None:
+    """(the message, each pane's finished or stopped reply to it) for the last
+    broadcast turn, in the panes' order; None when no pane has a reply."""
+    latest: tuple[float, str] | None = None
+    answered: list[tuple[Pane, int, int]] = []
+    for pane in panes:
+        turn = pane.conversation.last_turn()
+        if turn is None or turn[1] is None:
+            continue
+        user, reply = turn
+        answered.append((pane, user, reply))
+        sent = pane.conversation.messages[user]
+        if latest is None or sent.created_at > latest[0]:
+            latest = (sent.created_at, sent.text)
+    if latest is None:
+        return None
+    text = latest[1]
+    names = model_name or {}
+    replies = []
+    for pane, user, index in answered:
+        messages = pane.conversation.messages
+        reply = messages[index]
+        if messages[user].text != text or reply.state in ("streaming", "error"):
+            continue
+        model = pane.remote.label if pane.remote is not None else names.get(reply.model_id or "", reply.model_id or "")
+        replies.append(TurnReply(pane.id, pane.title, model, reply.text, reply.stats))
+    return (text, replies) if replies else None
+
+
+def figures_of(replies: Sequence[TurnReply]) -> list[ReplyFigures]:
+    """Each reply's figures; the word overlaps take a word diff per pair (run it off the GUI thread)."""
+    shared: dict[int, dict[int, float]] = {r.pane_id: {} for r in replies}
+    for i, a in enumerate(replies):
+        for b in replies[i + 1 :]:
+            left, right = word_diff(a.text, b.text)
+            shared[a.pane_id][b.pane_id] = _matched_fraction(left)
+            shared[b.pane_id][a.pane_id] = _matched_fraction(right)
+    out = []
+    for reply in replies:
+        stats = reply.stats
+        out.append(ReplyFigures(
+            pane_id=reply.pane_id,
+            title=reply.title,
+            model=reply.model,
+            words=len(reply.text.split()),
+            tokens=stats.generated_tokens if stats is not None else None,
+            tokens_per_s=stats.tokens_per_s if stats is not None and stats.tokens_per_s else None,
+            ttft_s=stats.ttft_s if stats is not None else None,
+            shared={pid: shared[reply.pane_id][pid] for pid in (r.pane_id for r in replies) if pid != reply.pane_id},
+        ))
+    return out
+
+
+def _matched_fraction(segments: Sequence[object]) -> float:
+    total = changed = 0
+    for segment in segments:
+        words = len(segment.text.split())  # type: ignore[attr-defined]
+        total += words
+        if segment.changed:  # type: ignore[attr-defined]
+            changed += words
+    return (total - changed) / total if total else 0.0
+
+
+def header(figures: Sequence[ReplyFigures]) -> list[str]:
+    return ["Pane", "Model", "Words", "Tokens", "Tok/s", "TTFT (s)", *(f"Words shared with {f.title}" for f in figures)]
+
+
+def rows(figures: Sequence[ReplyFigures]) -> list[list[str]]:
+    """The table's cells as text, one row per reply, the columns of `header`."""
+    out = []
+    for f in figures:
+        cells = [
+            f.title,
+            f.model,
+            str(f.words),
+            "" if f.tokens is None else str(f.tokens),
+            "" if f.tokens_per_s is None else f"{f.tokens_per_s:.1f}",
+            "" if f.ttft_s is None else f"{f.ttft_s:.2f}",
+        ]
+        cells += ["—" if other.pane_id == f.pane_id else f"{f.shared[other.pane_id]:.0%}" for other in figures]
+        out.append(cells)
+    return out
+
+
+def to_markdown(message: str, figures: Sequence[ReplyFigures]) -> str:
+    """The summary as a Markdown table under the message it answers."""
+    first_line = message.strip().splitlines()[0] if message.strip() else ""
+    quoted = first_line if len(first_line) <= 80 else first_line[:79] + "…"
+    lines = [f"**Turn summary** for “{_cell(quoted)}”", ""]
+    head = header(figures)
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|" + "|".join(["---", "---"] + ["---:"] * (len(head) - 2)) + "|")
+    for cells in rows(figures):
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def to_csv(figures: Sequence[ReplyFigures]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(header(figures))
+    # A pane's title is the user's text: one a spreadsheet would run as a formula is quoted as text.
+    writer.writerows([[_csv_text(c) for c in r] for r in rows(figures)])
+    return out.getvalue()
+
+
+def _csv_text(cell: str) -> str:
+    return "'" + cell if cell[:1] in ("=", "+", "@") or (cell[:1] == "-" and not _is_number(cell)) else cell
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
