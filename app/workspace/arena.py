@@ -3,7 +3,8 @@
 Each broadcast turn of the arena draws which pane stands behind which label
 (app.arena.labels.draw_order) before the message goes out, so a view can
 hide every pane's model and settings behind its label from the reply's first
-token on. Once every reply has ended the user votes (one label better, a
+token on, and seats the panes in label order (A leftmost), so where a model
+is shown changes with the draw. Once every reply has ended the user votes (one label better, a
 tie, or all bad); the vote names what each label hid (app.arena.votes) and
 is then shown. Storing it is the caller's (the store's writer thread).
 
@@ -121,6 +122,7 @@ class Arena:
         previous = self.turn
         # Drawn before the send: the replies' first events already show labels, not models.
         self.turn = ArenaTurn(text, draw_order(self.pane_ids, self._rng))
+        _seat(workspace, list(self.turn.labels.values()))
         try:
             turn = await workspace.send(text, targets=self.pane_ids)
         except BaseException:
@@ -165,6 +167,18 @@ class Arena:
         if self.turn is not None and any(pid not in open_ids for pid in self.turn.labels.values()):
             self.turn = None
         return len(self.pane_ids) >= MIN_ARENA_PANES
+
+
+def _seat(workspace: Workspace, in_label_order: list[int]) -> None:
+    """Move the arena's panes so that A is the leftmost of their places, B the
+    next and so on (other panes keep theirs): the position a model is shown in
+    changes with the draw, so a liking for the left reply favours no model."""
+    arena = set(in_label_order)
+    labelled = iter(in_label_order)
+    order = [next(labelled) if pane.id in arena else pane.id for pane in workspace.panes]
+    for position, pane_id in enumerate(order):
+        if workspace.index_of(pane_id) != position:
+            workspace.move_pane(pane_id, position)
 
 
 def _side(label: str, pane: Pane, model_name: Callable[[str], str]) -> ArenaSide:

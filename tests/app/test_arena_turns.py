@@ -42,6 +42,8 @@ def test_labels_are_drawn_each_turn_and_the_vote_reveals_the_sides(tiny_engine: 
             assert not arena.revealed and arena.awaiting_vote
             assert sorted(arena.turn.labels) == ["A", "B"]
             assert sorted(arena.turn.labels.values()) == sorted(p.id for p in panes)
+            # Seated in label order: A is the leftmost reply.
+            assert [p.id for p in workspace.panes] == list(arena.turn.labels.values())
             if n == 0:
                 with pytest.raises(ArenaError, match="still being written"):
                     arena.vote(workspace, "win", "A")
@@ -85,14 +87,24 @@ def test_an_arena_needs_two_to_seven_panes_and_a_refused_send_keeps_the_turn(tin
         workspace.add_pane()
     with pytest.raises(ArenaError, match="at most 7"):
         Arena.over(workspace.panes)
-    arena = Arena.over(workspace.panes[:3])
+    arena = Arena.over([workspace.panes[i] for i in (1, 3, 5)], rng=random.Random(3))
+    others = [p.id for i, p in enumerate(workspace.panes) if i not in (1, 3, 5)]
 
     async def main() -> None:
+        for pane in workspace.panes:
+            workspace.set_params(pane.id, SamplingParams(temperature=0.0, max_tokens=2))
+        for _ in range(3):
+            await (await arena.send(workspace, "Hello")).wait()
+            # The arena's panes take the places they had, in label order; the others stay where they were.
+            ids = [p.id for p in workspace.panes]
+            assert [ids[i] for i in (1, 3, 5)] == list(arena.turn.labels.values())
+            assert [pid for i, pid in enumerate(ids) if i not in (1, 3, 5)] == others
+        fresh = Arena.over([workspace.panes[i] for i in (1, 3, 5)])
         with pytest.raises(Exception, match="empty"):
-            await arena.send(workspace, "   ")
-        assert arena.turn is None and arena.revealed
-        assert arena.drop_closed([p.id for p in workspace.panes[1:]])
-        assert not arena.drop_closed([workspace.panes[2].id])
+            await fresh.send(workspace, "   ")
+        assert fresh.turn is None and fresh.revealed
+        assert fresh.drop_closed([p.id for p in workspace.panes[2:]])
+        assert not fresh.drop_closed([workspace.panes[3].id])
         await workspace.shutdown()
 
     asyncio.run(main())
