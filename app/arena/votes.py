@@ -93,7 +93,8 @@ class ArenaVote:
         if self.outcome not in OUTCOMES:
             raise ArenaVoteError(f"a vote's outcome is one of {', '.join(OUTCOMES)}, got {self.outcome!r}")
         if self.outcome == "win" and self.winner not in labels:
-            raise ArenaVoteError(f"the winner of a vote is one of its labels ({', '.join(labels)}), got {self.winner!r}")
+            raise ArenaVoteError(
+                f"the winner of a vote is one of its labels ({', '.join(labels)}), got {self.winner!r}")
         if self.outcome != "win" and self.winner is not None:
             raise ArenaVoteError(f"a {self.outcome!r} vote has no winner, got {self.winner!r}")
         if isinstance(self.created_at, bool) or not isinstance(self.created_at, (int, float)) \

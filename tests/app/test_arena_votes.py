@@ -83,7 +83,8 @@ def test_a_contender_is_a_model_and_the_settings_that_differ_from_the_defaults()
     named = ArenaSide("B", SMOL, contender_settings(
         SamplingParams(temperature=1, top_p=0.9, seed=3, stop=("###",)), "Answer like a pirate would, always."), "y")
     assert contender_name(named) == (
-        f'{SMOL} · temperature 1 · top-p 0.9 · seed 3 · stop "###" · system prompt "Answer like a pirate would, alw…"'
+        f'{SMOL} · temperature 1 · top-p 0.9 · seed 3 · stop "###" · '
+        'system prompt "Answer like a pirate would, alw…"'
     )
     # The same contender however the settings were spelled out: the label, reply and pane do not count,
     # a default left out or given, 1 or 1.0 for a float setting, a tuple or a list.
