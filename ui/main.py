@@ -1,5 +1,5 @@
-"""`tandem`: open the window; `tandem chats ...` and `tandem models ...`: the
-command-line tools (no window, no Qt).
+"""`tandem`: open the window; `tandem chats ...`, `tandem models ...` and
+`tandem arena ...`: the command-line tools (no window, no Qt).
 
 The window's first frame is on screen a few tenths of a second after
 launch; the window's own imports come after it (ui/startup.py), then the
@@ -54,9 +54,15 @@ def _models(argv: list[str]) -> int:
     return main(argv)
 
 
+def _arena(argv: list[str]) -> int:
+    from app.arena.cli import main  # the blind arena's leaderboard and votes
+
+    return main(argv)
+
+
 # Plain imports inside functions, not module names looked up at run time: the
 # installer bundle carries only the modules PyInstaller sees imported.
-SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {"chats": _chats, "models": _models}
+SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {"chats": _chats, "models": _models, "arena": _arena}
 
 
 def run_subcommand(argv: list[str]) -> int | None:
@@ -86,7 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         epilog="Settings are kept in the user config folder ($TANDEM_CONFIG_DIR overrides it); "
         "options given here apply to this run only. "
         "`tandem chats --help`: list, export and import saved conversations; "
-        "`tandem models --help`: the models.",
+        "`tandem models --help`: the models; "
+        "`tandem arena --help`: the blind arena's leaderboard.",
     )
     parser.add_argument("--model", help="a model folder, a .gguf file, or 'default' (SmolLM2-135M-Instruct)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), help="where the model runs (default: auto)")
