@@ -94,7 +94,7 @@ def _fit(wins: np.ndarray, precision: float) -> np.ndarray:
     eye = np.eye(n)
     for _ in range(_MAX_ITERATIONS):
         diff = ratings[:, :, None] - ratings[:, None, :]
-        p = 1.0 / (1.0 + np.exp(-diff))  # p[r, i, j]: i beats j
+        p = 0.5 + 0.5 * np.tanh(diff / 2)  # p[r, i, j]: i beats j (the logistic, never overflowing)
         gradient = own_wins - (games * p).sum(axis=2) - precision * ratings
         curvature = games * p * (1.0 - p)
         # The negative Hessian: a weighted graph Laplacian plus the prior. The

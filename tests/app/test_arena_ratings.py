@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import random
+import warnings
 
 import numpy as np
 import pytest
@@ -124,6 +125,10 @@ def test_a_clean_sweep_keeps_finite_ratings() -> None:
     assert all(math.isfinite(r) for r in ours.values()) and ours["a"] > 1100 > 900 > ours["b"]
     assert ours == pytest.approx(reference_ratings([Battle("a", "b", 1.0)] * 3), abs=1e-6)
     assert bradley_terry([]) == {}
+    with warnings.catch_warnings():  # without the prior a sweep runs off towards infinity, without overflowing
+        warnings.simplefilter("error")
+        unbounded = bradley_terry([Battle("a", "b", 1.0)] * 3, prior_sd=1e9)
+    assert unbounded["a"] - unbounded["b"] > 2000 and math.isfinite(unbounded["a"])
 
 
 def test_bootstrap_intervals_match_refitting_the_same_resamplings() -> None:
