@@ -6,6 +6,18 @@ sequences are admitted after that, each starting from its longest cached
 prefix. Any sequence that needs exactly one more token is a decode; the
 attention code batches those together.
 
+Shared prefill. Requests sent to several panes at once share their whole
+history, and on a cold cache none of it is cached yet. A waiting sequence
+whose full pages include one that a running sequence has yet to compute (the
+same chained content hash) is not admitted: it waits, skipped by admission,
+until that sequence has computed and registered the shared pages, and is then
+admitted from the prefix cache like any hit. So the shared full pages are
+computed once and the followers compute only what is theirs (at least the
+last token, whose logits they sample from). The wait ends whenever the
+leader stops computing the pages, however: finished, aborted or preempted,
+it leaves the running list and the follower is admitted with whatever the
+leader registered, computing the rest itself.
+
 When pages run out, the most recently admitted running sequence is preempted:
 its pages go back to the pool (the full ones stay in the prefix cache) and it
 waits at the head of the queue, so its recompute later is mostly cache hits.
@@ -16,7 +28,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.core.page_pool import PagePool
+from engine.core.page_pool import PageHash, PagePool
 from engine.errors import KVCacheTooSmallError, RequestTooLargeError
 from engine.core.sequence import Sequence, SequenceStatus
 
@@ -127,14 +139,20 @@ class Scheduler:
 
         # New work only when nothing had to give way this step: admitting
         # while preempting would just thrash.
-        if not result.preempted:
-            while self.waiting and budget > 0 and len(self.running) < self.max_running:
-                seq = self.waiting[0]
+        if not result.preempted and self.waiting:
+            in_flight = self._pages_in_flight()
+            index = 0
+            while index < len(self.waiting) and budget > 0 and len(self.running) < self.max_running:
+                seq = self.waiting[index]
+                if self._shares_pages_in_flight(seq, in_flight):
+                    index += 1  # a follower: admitted once the pages are cached
+                    continue
                 chunk = self._admit(seq, budget)
                 if chunk is None:
-                    break
-                self.waiting.popleft()
+                    break  # first come, first served: nobody overtakes for pages
+                del self.waiting[index]
                 self.running.append(seq)
+                self._add_in_flight(seq, in_flight)
                 scheduled[seq] = chunk
                 budget -= chunk.num_tokens
 
@@ -163,6 +181,44 @@ class Scheduler:
         if seq.metrics.preemptions == 0:
             seq.metrics.cached_prompt_tokens = seq.num_computed
         return ScheduledChunk(seq, seq.num_computed, num)
+
+    # -- shared prefill ------------------------------------------------------
+
+    def _pages_in_flight(self) -> set[PageHash]:
+        """The content hashes of the full pages running sequences have yet to compute."""
+        in_flight: set[PageHash] = set()
+        if self.pool.enable_prefix_cache:
+            for seq in self.running:
+                self._add_in_flight(seq, in_flight)
+        return in_flight
+
+    def _add_in_flight(self, seq: Sequence, in_flight: set[PageHash]) -> None:
+        if not self.pool.enable_prefix_cache:
+            return  # nothing computed is registered, so a follower could never hit it
+        ps = self.page_size
+        first, end = seq.num_computed // ps, len(seq.token_ids) // ps
+        if first < end:
+            in_flight.update(self._content_hashes(seq, end)[first:end])
+
+    def _shares_pages_in_flight(self, seq: Sequence, in_flight: set[PageHash]) -> bool:
+        """Whether a full page that `seq` would compute is being computed by a
+        running sequence. Its pages before that one are then cached already:
+        the other sequence registered them, and holds them, as it went."""
+        if not in_flight:
+            return False
+        # As in _admit: the last token is computed even on a full hit.
+        shareable = (len(seq.token_ids) - 1) // self.page_size
+        return not in_flight.isdisjoint(self._content_hashes(seq, shareable)[:shareable])
+
+    def _content_hashes(self, seq: Sequence, num_pages: int) -> list[PageHash]:
+        """The chained content hashes of `seq`'s first `num_pages` full pages."""
+        hashes = seq.content_hashes
+        ps = self.page_size
+        while len(hashes) < num_pages:
+            index = len(hashes)
+            parent = hashes[-1] if index else None
+            hashes.append(self.pool.hash_page(parent, seq.token_ids[index * ps : (index + 1) * ps]))
+        return hashes
 
     def commit(self, result: ScheduleResult) -> None:
         """Record that the step's chunks were computed; cache newly full pages."""

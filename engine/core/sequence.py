@@ -88,6 +88,10 @@ class Sequence:
     # Chained hashes of the leading full pages already registered in the
     # prefix cache; len(page_hashes) <= len(pages).
     page_hashes: list[int] = field(default_factory=list)
+    # Chained content hashes (PagePool.hash_page) of the leading full pages of
+    # token_ids, filled lazily by the scheduler to find pages that another
+    # running sequence is computing; token_ids only grow, so they stay true.
+    content_hashes: list[int] = field(default_factory=list)
     num_computed: int = 0  # tokens whose K/V is in this sequence's pages
     finish_reason: str | None = None
     pending_text: str = ""
