@@ -148,9 +148,8 @@ class Arena:
         panes = {label: workspace.pane(pid) for label, pid in turn.labels.items()}
         busy = [label for label, pane in panes.items() if pane.busy]
         if busy:
-            raise ArenaError(
-                f"Reply {', '.join(busy)} is still being written: vote once every reply has ended (or stop them with Esc)."
-            )
+            which = f"Reply {busy[0]} is" if len(busy) == 1 else f"Replies {', '.join(busy[:-1])} and {busy[-1]} are"
+            raise ArenaError(f"{which} still being written: vote once every reply has ended (or stop them with Esc).")
         names = model_name if model_name is not None else (lambda model_id: model_id)
         sides = tuple(_side(label, pane, names) for label, pane in panes.items())
         vote = ArenaVote(

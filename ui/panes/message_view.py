@@ -43,6 +43,7 @@ class MessageView(QFrame):
     edit_requested = Signal(int)
     fork_requested = Signal(int)
     version_requested = Signal(int, int)  # message index, version (0-based)
+    carry_requested = Signal(int)  # "Use in all panes"
 
     def __init__(self, index: int, role: str, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -81,7 +82,13 @@ class MessageView(QFrame):
         self.edit_button = self._action("Edit", "Edit this message and send it again", self.edit_requested)
         self.regenerate_button = self._action("Regenerate", "Replace this reply with a new one", self.regenerate_requested)
         self.fork_button = self._action("Fork", "Open a new pane holding the conversation up to here", self.fork_requested)
-        self._buttons = (self.copy_button, self.edit_button, self.regenerate_button, self.fork_button)
+        self.carry_button = self._action(
+            "Use in all panes",
+            "Make this reply the answer in every other pane (theirs stay as earlier versions), "
+            "so the next message continues from it everywhere (Ctrl+Shift+U)",
+            self.carry_requested,
+        )
+        self._buttons = (self.copy_button, self.edit_button, self.regenerate_button, self.carry_button, self.fork_button)
         for button in self._buttons:
             actions_row.addWidget(button)
         header.addWidget(self.actions)
@@ -97,6 +104,9 @@ class MessageView(QFrame):
         header.addWidget(self.more_button)
         self.edit_button.setVisible(role == "user")
         self.regenerate_button.setVisible(False)
+        self.carry_button.setVisible(False)
+        # In a blind arena a reply's speed would tell which model wrote it: the stats wait for the vote.
+        self.stats_hidden = False
         if role == "notice":  # a note about the conversation, not part of it: nothing to copy, fork or edit
             self.copy_button.hide()
             self.fork_button.hide()
@@ -149,7 +159,7 @@ class MessageView(QFrame):
         if message.state == "error" and message.error:
             line = f"Error: {message.error}" + (f" · {line}" if line else "")
         self.stats_label.setText(line)
-        self.stats_label.setVisible(bool(line))
+        self.stats_label.setVisible(bool(line) and not self.stats_hidden)
         self.fork_button.setEnabled(not streaming)
         versions = message.versions
         had_switcher = self.versions.isVisibleTo(self)
@@ -160,9 +170,14 @@ class MessageView(QFrame):
         if self.versions.isVisibleTo(self) != had_switcher:
             self._fold_actions()  # the switcher takes room from the actions
 
-    def set_can_regenerate(self, can: bool) -> None:
+    def set_can_regenerate(self, can: bool, can_carry: bool = False) -> None:
         self.regenerate_button.setVisible(self.role == "assistant" and can)
+        self.carry_button.setVisible(self.role == "assistant" and can_carry)
         self._fold_actions()
+
+    def set_stats_hidden(self, hidden: bool) -> None:
+        self.stats_hidden = hidden
+        self.stats_label.setVisible(bool(self.stats_label.text()) and not hidden)
 
     def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802
         super().resizeEvent(event)

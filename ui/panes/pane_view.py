@@ -107,6 +107,8 @@ class PaneView(QFrame):
     regenerate_requested = Signal(int, int)  # pane id, message index
     edit_requested = Signal(int, int)
     fork_requested = Signal(int, int)
+    carry_requested = Signal(int, int)  # pane id, message index: "Use in all panes"
+    sweep_requested = Signal(int)
     activated = Signal(int)  # the user clicked or focused into this pane
     model_chosen = Signal(int, str)  # pane id, model id
 
@@ -146,12 +148,16 @@ class PaneView(QFrame):
         self._model_entries: list[ModelEntry] = []
         self._picker_shows: tuple[tuple[str, ...], str] | None = None  # (entry ids, model id) the picker shows
         self.settings_button = self._tool("⚙", "Settings for this pane (Ctrl+,)", lambda: self.settings_requested.emit(self.pane_id))
+        self.sweep_button = self._tool(
+            "⋔", "Sweep a setting: one new pane per value, each a fork of this conversation (Ctrl+Shift+P)",
+            lambda: self.sweep_requested.emit(self.pane_id),
+        )
         self.stop_button = self._tool("■", "Stop this pane's reply", lambda: self.stop_requested.emit(self.pane_id))
         self.close_button = self._tool("✕", "Close this pane (Ctrl+W)", lambda: self.close_requested.emit(self.pane_id))
         head.addWidget(self.title_label, 0)
         head.addWidget(self.model_picker)
         head.addWidget(self.summary_label, 1)
-        for button in (self.settings_button, self.stop_button, self.close_button):
+        for button in (self.sweep_button, self.settings_button, self.stop_button, self.close_button):
             head.addWidget(button)
         layout.addWidget(self.header)
 
@@ -186,6 +192,11 @@ class PaneView(QFrame):
         layout.addLayout(foot)
 
         self.context_warning = False
+        # In an arena: the label the pane is shown under, and whether its model and settings are hidden.
+        self.arena_label: str | None = None
+        self.arena_hidden = False
+        # Whether "Use in all panes" is offered (there is another pane to use a reply in).
+        self.can_carry = False
         self.messages: dict[int, MessageView] = {}
         self._dirty: set[int] = set()
         self._live_stats: dict[int, ReplyStats | None] = {}
@@ -210,9 +221,35 @@ class PaneView(QFrame):
 
     # -- reacting to the app ---------------------------------------------------
 
+    def set_can_carry(self, can: bool) -> None:
+        if can != self.can_carry:
+            self.can_carry = can
+            self._refresh_actions()
+
+    def set_arena(self, label: str | None, hidden: bool) -> None:
+        """Show the pane under an arena label (None: as itself); `hidden`: its
+        model, settings and reply stats stay out of sight until the vote."""
+        self.arena_label, self.arena_hidden = label, bool(label) and hidden
+        for message in self.messages.values():
+            message.set_stats_hidden(self.arena_hidden)
+        self.refresh_header()
+
     def refresh_header(self) -> None:
         conv = self.pane.conversation
-        self.title_label.setText(self.pane.title)
+        if self.arena_label is not None and self.arena_hidden:
+            self.title_label.setText(self.arena_label)
+            self.model_picker.hide()
+            self.summary_label.setText("model and settings hidden until you vote")
+            self.summary_label.setToolTip("A blind arena: who wrote this reply shows once you have voted.")
+            for button in (self.settings_button, self.sweep_button):
+                button.setEnabled(False)
+            self.stop_button.setEnabled(bool(self.pane.busy))
+            self._refresh_actions()
+            return
+        self.settings_button.setEnabled(True)
+        self.sweep_button.setEnabled(True)
+        title = self.pane.title if self.arena_label is None else f"{self.arena_label} = {self.pane.title}"
+        self.title_label.setText(title)
         remote = self.pane.remote
         picking = remote is None and bool(self._model_entries)
         self.model_picker.setVisible(picking)
@@ -352,6 +389,8 @@ class PaneView(QFrame):
         view.regenerate_requested.connect(lambda i: self.regenerate_requested.emit(self.pane_id, i))
         view.edit_requested.connect(lambda i: self.edit_requested.emit(self.pane_id, i))
         view.fork_requested.connect(lambda i: self.fork_requested.emit(self.pane_id, i))
+        view.carry_requested.connect(lambda i: self.carry_requested.emit(self.pane_id, i))
+        view.set_stats_hidden(self.arena_hidden)
         # Before the trailing stretch, in index order.
         position = sum(1 for i in self.messages if i < index) + 1
         self._list.insertWidget(position, view)
@@ -364,7 +403,8 @@ class PaneView(QFrame):
         busy = bool(self.pane.busy)
         last = len(self.pane.conversation.messages) - 1
         for index, view in self.messages.items():
-            view.set_can_regenerate(index == last and not busy)
+            is_last = index == last and not busy
+            view.set_can_regenerate(is_last, is_last and self.can_carry and not self.arena_hidden)
             view.edit_button.setEnabled(not busy)
 
     def last_reply_index(self) -> int | None:

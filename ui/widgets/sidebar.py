@@ -233,6 +233,7 @@ class ChatSidebar(QWidget):
 
     open_requested = Signal(str)  # a conversation id
     new_requested = Signal()
+    arena_requested = Signal()  # a new blind arena over the panes
     renamed = Signal(str, str)  # id, new title (an open pane may show it)
     deleted = Signal(str)  # id, soft-deleted (undo is still possible)
     restored = Signal(str)  # id, undeleted
@@ -261,7 +262,11 @@ class ChatSidebar(QWidget):
         self.new_button = QPushButton("&New chat", self)
         self.new_button.setToolTip("Start a new conversation in a pane")
         self.new_button.clicked.connect(self.new_requested)
+        self.arena_button = QPushButton("New &arena", self)
+        self.arena_button.setToolTip("A new chat in every pane, compared blind: vote on each turn (View → Arena)")
+        self.arena_button.clicked.connect(self.arena_requested)
         top.addWidget(self.title_label, 1)
+        top.addWidget(self.arena_button)
         top.addWidget(self.new_button)
         layout.addLayout(top)
 

@@ -67,6 +67,8 @@ ACTIONS: tuple[Row, ...] = (
     ActionSpec("export_markdown", "Export chat as &Markdown…", FILE, "files.export_current", ("Ctrl+S",), args=("md",)),
     ActionSpec("export_json", "Export chat as &JSON…", FILE, "files.export_current", ("Ctrl+Shift+S",), args=("json",)),
     ActionSpec("export_comparison", "Export side-by-side c&omparison…", FILE, "files.export_comparison", ("Ctrl+Alt+E",)),
+    ActionSpec("export_turn_summary", "Export t&urn summary…", FILE, "compare.export_turn_summary", ("Ctrl+Alt+U",),
+               tip="The last broadcast turn's lengths, speeds and shared words, as Markdown or CSV"),
     Separator(FILE),
     ActionSpec("quit", "&Quit", FILE, "close", ("Ctrl+Q",)),
     ActionSpec("send", "&Send", EDIT, "composer.send", ("Ctrl+Return", "Ctrl+Enter")),
@@ -77,12 +79,24 @@ ACTIONS: tuple[Row, ...] = (
     ActionSpec("edit_last", "&Edit last message…", EDIT, "commands.edit_current", ("Ctrl+E",)),
     ActionSpec("fork", "&Fork pane at last message", EDIT, "commands.fork_current", ("Ctrl+Shift+F",)),
     ActionSpec("copy_reply", "&Copy last reply", EDIT, "commands.copy_current", ("Ctrl+Shift+C",)),
+    ActionSpec("use_in_all_panes", "&Use last reply in all panes", EDIT, "commands.use_current_in_all_panes",
+               ("Ctrl+Shift+U",), enabled_when="has_several_panes",
+               tip="This pane's last reply becomes every other pane's answer; theirs stay as earlier versions"),
+    ActionSpec("sweep", "S&weep this pane…", EDIT, "sweeps.open_current", ("Ctrl+Shift+P",),
+               tip="One new pane per value of a setting, each a fork of this conversation"),
     Separator(EDIT),
     ActionSpec("pane_settings", "Pane se&ttings…", EDIT, "commands.open_current_settings", ("Ctrl+,",)),
     ActionSpec("focus_message", "Focus the &message box", EDIT, "composer.edit.setFocus", ("Ctrl+L",)),
     Separator(EDIT),
     ActionSpec("preferences", "Pr&eferences…", EDIT, "preferences.open", ("Ctrl+Alt+S",)),
     ActionSpec("compare", "&Compare replies", VIEW, "compare.set_compare", ("Ctrl+D",), checkable=True),
+    ActionSpec("turn_summary", "T&urn summary…", VIEW, "compare.show_turn_summary", ("Ctrl+Shift+D",),
+               tip="Each pane's reply length, tok/s, time to first token and words shared, for the last turn"),
+    ActionSpec("arena", "Arena (&blind vote)", VIEW, "arena.set_arena", ("Ctrl+Shift+A",), checkable=True,
+               tip="Hide the panes' models behind labels A, B, … and vote on each turn"),
+    ActionSpec("arena_vote", "&Vote in the arena", VIEW, "arena.focus_vote", ("Ctrl+Shift+V",),
+               tip="Go to the vote buttons; then 1, 2, … choose"),
+    ActionSpec("arena_leaderboard", "Arena lea&derboard…", VIEW, "arena.open_leaderboard", ("Ctrl+Shift+B",)),
     ActionSpec("chats_sidebar", "C&hats sidebar", VIEW, shortcuts=("Ctrl+B",), needs="sidebar", provided=True),
     ActionSpec("search_chats", "&Search chats", VIEW, "chats.search", ("Ctrl+K",), needs="sidebar"),
     Separator(VIEW),
@@ -123,6 +137,8 @@ ACTIONS: tuple[Row, ...] = (
 EXTRA_SHORTCUT_ROWS: tuple[tuple[str, str], ...] = (
     ("Toggle pane 1…9 as a target", f"{shortcut_text('Alt+1')} … {shortcut_text('Alt+9')}"),
     ("New line in the message box", shortcut_text("Return")),
+    # One scheme for any number of arena panes N: 1..N the winner, N+1 a tie, N+2 all bad.
+    ("Arena vote (arena bar focused): A, B, … better, then tie, then all bad", "1 … N, N+1, N+2 (two panes: 1, 2, 3, 4)"),
 )
 
 

@@ -79,6 +79,7 @@ class ChatsLink:
         self.sidebar = ChatSidebar(SidebarStore(session, self.changed), window)
         self.sidebar.open_requested.connect(self.open)
         self.sidebar.new_requested.connect(window.new_chat)
+        self.sidebar.arena_requested.connect(lambda: window.arena.new_arena())
         self.sidebar.renamed.connect(self._renamed)
         self.sidebar.deleted.connect(self._deleted)
         self.sidebar.restored.connect(self._restored)

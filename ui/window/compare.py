@@ -1,18 +1,30 @@
-"""View > Compare replies: the word differences of two panes' last replies, highlighted in place."""
+"""View > Compare replies: the word differences of two panes' last replies,
+highlighted in place; and the turn summary of the last broadcast turn
+(figures computed off the GUI thread, shown in a dialog or exported)."""
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from app.errors import AppError
 from app.workspace.compare import word_diff
+from app.workspace.turn_summary import figures_of, last_turn
 
 if TYPE_CHECKING:
+    from ui.dialogs.turn_summary import TurnSummaryDialog
     from ui.window.main_window import MainWindow
+
+
+class NoTurnError(AppError):
+    """There is no broadcast turn to sum up (or the arena hides it)."""
 
 
 class CompareReplies:
     def __init__(self, window: MainWindow) -> None:
         self._window = window
+        self.summary_dialog: TurnSummaryDialog | None = None
 
     @property
     def on(self) -> bool:
@@ -64,3 +76,72 @@ class CompareReplies:
             summary.setText(
                 f"Highlighted: {changed[0]} of {total[0]} words differ on the left, {changed[1]} of {total[1]} on the right."
             )
+
+    # -- the turn summary ------------------------------------------------------------
+
+    def _turn(self) -> tuple[str, list] | None:
+        window = self._window
+        if window.arena.hiding:
+            window.report_error("The turn summary", NoTurnError(
+                "The turn summary shows each pane's model and speed, which the arena hides: vote first."))
+            return None
+        panes = [window.panes[pid].pane for pid in window.pane_order()]
+        names = {p.conversation.model_id: window.models.name(p.conversation.model_id) for p in panes}
+        turn = last_turn(panes, names)
+        if turn is None:
+            window.report_error("The turn summary", NoTurnError(
+                "There is no reply to sum up yet: send a message to the panes, then open the summary."))
+        return turn
+
+    def show_turn_summary(self) -> None:
+        """View > Turn summary: the table of the last broadcast turn."""
+        from ui.dialogs.turn_summary import TurnSummaryDialog
+
+        window = self._window
+        turn = self._turn()
+        if turn is None:
+            return
+        if self.summary_dialog is not None:
+            self.summary_dialog.close()
+        dialog = TurnSummaryDialog(window)
+        self.summary_dialog = dialog
+        dialog.finished.connect(lambda _result: setattr(self, "summary_dialog", None))
+        dialog.open()
+        message, replies = turn
+
+        async def compute() -> None:
+            # A word diff per pair of replies: long replies take a while, so not on the GUI thread.
+            figures = await asyncio.to_thread(figures_of, replies)
+            if self.summary_dialog is dialog:
+                dialog.show_figures(message, figures)
+
+        window.run_task(compute(), "The turn summary")
+
+    def export_turn_summary(self, path: str | None = None) -> None:
+        """File > Export turn summary: Markdown or CSV by the file's name."""
+        from app.files import write_text_atomically
+        from app.workspace.turn_summary import to_csv, to_markdown
+
+        window = self._window
+        turn = self._turn()
+        if turn is None:
+            return
+        if path is None:
+            from PySide6.QtWidgets import QFileDialog
+
+            path, _ = QFileDialog.getSaveFileName(window, "Export turn summary", str(Path.home() / "turn-summary.md"),
+                                                  "Markdown (*.md);;CSV (*.csv)")
+            if not path:
+                return
+        message, replies = turn
+
+        async def export() -> None:
+            figures = await asyncio.to_thread(figures_of, replies)
+            text = to_csv(figures) if str(path).lower().endswith(".csv") else to_markdown(message, figures)
+            try:
+                write_text_atomically(path, text)
+            except OSError as exc:
+                raise OSError(f"{path} could not be written: {exc.strerror or exc}") from None
+            window.statusBar().showMessage(f"Saved {path}", 10000)
+
+        window.run_task(export(), "Exporting the turn summary")

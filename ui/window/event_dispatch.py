@@ -69,6 +69,7 @@ class WorkspaceEventRouter:
         window.chats.changed()
         window.update_streaming()
         window.compare.refresh()
+        window.arena.replies_changed()
 
     def _message_appended(self, event: ev.MessageAppended) -> None:
         view = self._window.panes.get(event.pane_id)
@@ -156,6 +157,8 @@ class WorkspaceEventRouter:
         view.regenerate_requested.connect(window.commands.regenerate)
         view.edit_requested.connect(window.commands.edit_message)
         view.fork_requested.connect(window.fork)
+        view.carry_requested.connect(window.commands.use_in_all_panes)
+        view.sweep_requested.connect(window.sweeps.open_for)
         view.activated.connect(window.set_current_pane)
         view.model_chosen.connect(window.models.choose)
         if window.registry is not None:
@@ -184,6 +187,7 @@ class WorkspaceEventRouter:
                     window.set_current_pane(order[0])
             window.sync_pane_lists()
             window.update_streaming()
+            window.arena.panes_changed()
         window.refresh_ready()
 
     def _panes_reordered(self, event: ev.PanesReordered) -> None:

@@ -38,6 +38,7 @@ from PySide6.QtWidgets import (
 from app.errors import AppError, EngineNotReadyError
 from engine.errors import EngineError
 from ui.dialogs.shortcuts import EditMessageDialog, ShortcutsDialog, about_text
+from ui.panes.arena_bar import ArenaBar
 from ui.panes.code_highlight import warm_up as warm_up_code
 from ui.panes.compare_bar import CompareBar
 from ui.panes.composer import Composer
@@ -45,6 +46,7 @@ from ui.panes.pane_settings import PaneSettingsPopover
 from ui.panes.pane_view import PaneView
 from ui.theme import is_dark
 from ui.window.actions import build_actions, refresh_enabled, shortcut_rows
+from ui.window.arena import WindowArena
 from ui.window.banner import LoadingBanner, StoreBanner
 from ui.window.chat_files import ChatFiles
 from ui.window.chats import ChatsLink
@@ -55,6 +57,7 @@ from ui.window.pane_commands import PaneCommands
 from ui.window.preferences import WindowPreferences
 from ui.window.server_control import ServerControl
 from ui.window.status_bar import STATS_INTERVAL_MS, WindowStatusBar
+from ui.window.sweeps import WindowSweeps
 
 if TYPE_CHECKING:
     from app.models.registry import ModelRegistry
@@ -128,6 +131,8 @@ class MainWindow(QMainWindow):
         self.models = WindowModels(self)
         self.files = ChatFiles(self)
         self.compare = CompareReplies(self)
+        self.arena = WindowArena(self)
+        self.sweeps = WindowSweeps(self)
         self.server_control = ServerControl(self)
         self.preferences = WindowPreferences(self, save=save_settings)
 
@@ -145,6 +150,12 @@ class MainWindow(QMainWindow):
         self.compare_bar.changed.connect(self.compare.refresh)
         self.compare_bar.close_requested.connect(lambda: self.compare_action.setChecked(False))
         column.addWidget(self.compare_bar)
+        self.arena_bar = ArenaBar(central)
+        self.arena_bar.hide()
+        self.arena_bar.voted.connect(self.arena.vote)
+        self.arena_bar.leaderboard_requested.connect(self.arena.open_leaderboard)
+        self.arena_bar.close_requested.connect(lambda: self.arena.set_arena(False))
+        column.addWidget(self.arena_bar)
         # The panes side by side; when the window is narrower than every pane at
         # its minimum width, the row scrolls sideways instead of squeezing them.
         self.pane_row = QScrollArea(central)
@@ -228,7 +239,9 @@ class MainWindow(QMainWindow):
 
     def sync_pane_lists(self) -> None:
         """The composer's targets, the compare bar, the menus and the sidebar follow the panes."""
-        entries = [(pid, self.panes[pid].pane.title) for pid in self.pane_order()]
+        entries = [(pid, self.arena.display_title(pid, self.panes[pid].pane.title)) for pid in self.pane_order()]
+        for view in self.panes.values():
+            view.set_can_carry(len(self.panes) > 1)
         self.composer.set_panes(entries)
         self.compare_bar.set_panes(entries)
         refresh_enabled(self, self.menu_actions)

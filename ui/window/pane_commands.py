@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox
 
+from app.errors import AppError
 from ui.dialogs.shortcuts import EditMessageDialog
 from ui.panes.pane_settings import PaneSettingsPopover
 
@@ -37,6 +38,9 @@ class PaneCommands:
         if not targets:
             composer.show_notice("No pane is selected to receive the message. Select at least one pane above.")
             return
+        if window.arena.on:
+            window.arena.send(text)
+            return
         composer.set_sending(True)
 
         async def go() -> None:
@@ -44,6 +48,32 @@ class PaneCommands:
             composer.clear()
 
         window.run_task(go(), "Sending", on_done=lambda: composer.set_sending(False))
+
+    def use_in_all_panes(self, pane_id: int, index: int) -> None:
+        """The reply becomes every other pane's answer to the same message (app.workspace.carry_forward)."""
+        window = self._window
+        if window.arena.hiding:
+            window.report_error("Using the reply in all panes", AppError(
+                "Vote first: the arena hides who wrote each reply until then."))
+            return
+        try:
+            result = window.workspace.use_in_all_panes(pane_id, index)
+        except Exception as exc:
+            window.report_error("Using the reply in all panes", exc)
+            return
+        titles = {pid: view.pane.title for pid, view in window.panes.items()}
+        window.statusBar().showMessage(result.summary(titles), 12000)
+
+    def use_current_in_all_panes(self) -> None:
+        view = self._window.current_view()
+        if view is None:
+            return
+        index = view.last_reply_index()
+        if index is None:
+            self._window.report_error("Using the reply in all panes", AppError(
+                f"{view.pane.title} has no reply yet: send a message first."))
+            return
+        self.use_in_all_panes(view.pane_id, index)
 
     def stop_current(self) -> None:
         if self._current() is not None:
