@@ -16,7 +16,10 @@ computed once and the followers compute only what is theirs (at least the
 last token, whose logits they sample from). The wait ends whenever the
 leader stops computing the pages, however: finished, aborted or preempted,
 it leaves the running list and the follower is admitted with whatever the
-leader registered, computing the rest itself.
+leader registered, computing the rest itself. A leader whose twin (the same
+ids) waits stops its chunk at its last full page and computes its last
+tokens in the step its twins compute theirs, in chunks of one shape, so
+panes sent one message with the same settings get one reply.
 
 When pages run out, the most recently admitted running sequence is preempted:
 its pages go back to the pool (the full ones stay in the prefix cache) and it
@@ -120,7 +123,7 @@ class Scheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            num = min(seq.num_uncomputed, budget)
+            num = self._chunk_tokens(seq, budget)
             needed = self._pages_for(seq.num_computed + num) - len(seq.pages)
             while not self.pool.can_allocate(needed):
                 victim = self.running[-1]
@@ -171,7 +174,7 @@ class Scheduler:
         seq.pages = list(pages)
         seq.page_hashes = list(hashes)
         seq.num_computed = len(pages) * ps
-        num = min(seq.num_uncomputed, budget)
+        num = self._chunk_tokens(seq, budget)
         needed = self._pages_for(seq.num_computed + num) - len(seq.pages)
         if not self.pool.can_allocate(needed):
             self._release(seq)
@@ -209,6 +212,31 @@ class Scheduler:
         # As in _admit: the last token is computed even on a full hit.
         shareable = (len(seq.token_ids) - 1) // self.page_size
         return not in_flight.isdisjoint(self._content_hashes(seq, shareable)[:shareable])
+
+    def _chunk_tokens(self, seq: Sequence, budget: int) -> int:
+        """How many of `seq`'s uncomputed tokens to compute in this step.
+
+        A sequence whose twin (the same ids: a message broadcast to panes on
+        one model) waits to follow it stops its chunk at its last full page,
+        so that it computes the rest in the step its twins compute theirs,
+        in a chunk of the same start and length: the twins then get its
+        reply, bit for bit, where a prefill chunk's arithmetic depends on
+        its length (outside deterministic mode).
+        """
+        num = min(seq.num_uncomputed, budget)
+        tail_start = (len(seq.token_ids) - 1) // self.page_size * self.page_size
+        if seq.num_computed < tail_start < seq.num_computed + num and self._has_waiting_twin(seq):
+            num = tail_start - seq.num_computed
+        return num
+
+    def _has_waiting_twin(self, seq: Sequence) -> bool:
+        if not self.pool.enable_prefix_cache:
+            return False
+        length = len(seq.token_ids)
+        return any(
+            other is not seq and len(other.token_ids) == length and other.token_ids == seq.token_ids
+            for other in self.waiting
+        )
 
     def _content_hashes(self, seq: Sequence, num_pages: int) -> list[PageHash]:
         """The chained content hashes of `seq`'s first `num_pages` full pages."""

@@ -115,6 +115,26 @@ def test_a_cold_broadcast_computes_the_shared_pages_once() -> None:
     assert driver.pool.num_used == 0
 
 
+@pytest.mark.parametrize("twin", [True, False], ids=["twin-waiting", "no-twin"])
+def test_a_leader_computes_its_last_page_in_the_step_its_twins_do(twin: bool) -> None:
+    prompt = random_ids(100, seed=20)
+    # A follower that shares the full pages but not the last partial one is
+    # no twin: the leader has no reason to wait for it.
+    other = prompt if twin else prompt[:-1] + [prompt[-1] + 1]
+    driver = Driver(budget=256)
+    leader, follower = new_seq(0, prompt), new_seq(1, other)
+    driver.add(leader, follower)
+    first = driver.step()
+    assert [(c.seq.request_id, c.start, c.num_tokens) for c in first.prefills] == [
+        (0, 0, 96 if twin else 100)
+    ]
+    second = driver.step()
+    tails = [(c.seq.request_id, c.start, c.num_tokens) for c in second.prefills]
+    assert tails == ([(0, 96, 4), (1, 96, 4)] if twin else [(1, 96, 4)])
+    driver.run()
+    assert driver.computed == {0: 100, 1: 4}
+
+
 def test_unrelated_requests_are_not_held_behind_a_follower() -> None:
     prompt = random_ids(100, seed=2)
     driver = Driver(budget=128)
@@ -169,10 +189,12 @@ def test_a_cancelled_leader_leaves_its_pages_and_a_follower_computes_the_rest() 
     driver.step()  # the leader has computed and registered 8 pages
     driver.scheduler.finish(seqs[0])  # the pane was closed mid-prefill
     # The next request is admitted at once from the leader's pages and leads
-    # the third, which still computes only its last page.
+    # the third, which still computes only its last page, beside its twin.
     step = driver.step()
     assert scheduled_ids(step) == [1]
-    assert (step.prefills[0].start, step.prefills[0].num_tokens) == (128, 32)
+    assert (step.prefills[0].start, step.prefills[0].num_tokens) == (128, 16)
+    step = driver.step()
+    assert [(c.seq.request_id, c.start, c.num_tokens) for c in step.prefills] == [(1, 144, 16), (2, 144, 16)]
     driver.run()
     assert [s.metrics.cached_prompt_tokens for s in seqs[1:]] == [128, 144]
     assert driver.computed == {0: 128, 1: 32, 2: 16}
