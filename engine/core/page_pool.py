@@ -21,8 +21,9 @@ at registration. Together these make a hit exact even where hashes collide;
 a collision only costs hits.
 
 Duplicates. Two sequences may compute the same full page independently (a
-broadcast message prefilled by two panes in one step, or a prompt's last page,
-which is recomputed so that a token is left to sample from). One page is
+prompt's last page, which each pane of a broadcast computes itself and which
+is recomputed on a full hit so that a token is left to sample from; the
+scheduler has the other shared pages computed once). One page is
 registered under the hash; the others are live duplicates. The registered
 page is never left evictable while a duplicate is in use: when it is released
 first, a duplicate takes over its hash and it is freed; a cached page is

@@ -26,7 +26,9 @@ class RequestMetrics:
     finish_time: float | None = None
     prompt_tokens: int = 0
     # Prompt tokens whose KV came from the prefix cache at admission (the
-    # first admission; a recompute after preemption is not counted again).
+    # first admission; a recompute after preemption is not counted again),
+    # pages another request computed while this one waited for them included:
+    # the tokens this request did not compute.
     cached_prompt_tokens: int = 0
     preemptions: int = 0
 

@@ -13,8 +13,12 @@ class EngineStats:
     pages_cached: int  # evictable pages still holding reusable prefixes
     pages_free: int
     page_size: int
+    # Prompt tokens run through the model, and those a request took from
+    # pages already computed (the prefix cache, or another request's shared
+    # prefill): each request counted once, from its first admission, so a
+    # recompute after preemption is in neither.
     prompt_tokens_computed: int
-    prompt_tokens_reused: int  # served from the prefix cache
+    prompt_tokens_reused: int
     prefix_hit_rate: float  # reused / (reused + computed)
     generated_tokens: int
     decode_tokens_per_s: float  # over the recent steps that decoded
