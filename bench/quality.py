@@ -7,7 +7,8 @@ float32 at load (what the GGUF file means, and what transformers computes),
 and kept quantized behind the weight-only kernels (engine.model.quant). Prints one
 JSON object with, for each: the perplexity over bench/data/public_domain.txt
 (a fixed public-domain text, checked in), and the greedy replies to the chat
-prompts of bench/common.py, with how many agree token for token.
+prompts of bench/common.py, with how many agree token for token. On stderr:
+the perplexity change against its goal (within 1%, issue 20) with the CPU line.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import PROMPTS, chat, machine
+from bench.common import PROMPTS, chat, machine, machine_line
 from engine.formats.default_model import resolve_model
 from engine.formats.loader import load_model, quantized_formats
 from engine.model.llama import LlamaModel
@@ -114,9 +115,14 @@ def main() -> None:
             "mean_common_prefix_tokens": round(sum(common) / len(common), 1),
             "first_divergence": {PROMPTS[i]: common[i] for i in range(len(prompts)) if ref[i] != quant[i]},
         },
-        "machine": machine(),
+        "machine": machine(args.threads),
     }
+    change = report["perplexity_change_pct"]
+    report["goal"] = {"goal": "perplexity kept quantized within 1% of dequantized", "pass": abs(change) <= 1.0}
     print(json.dumps(report, indent=2))
+    print(f"machine: {machine_line(report['machine'])}\n"
+          f"perplexity: {base} dequantized (fp32), {results['kept_quantized']['perplexity']} kept quantized\n"
+          f"{'PASS' if report['goal']['pass'] else 'FAIL'}  {report['goal']['goal']}: {change:+}%", file=sys.stderr)
 
 
 if __name__ == "__main__":

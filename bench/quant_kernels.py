@@ -8,7 +8,8 @@ product of one step with M rows: oneDNN fp32 (engine.model.linear.Linear, the
 dequantized model), bf16, and the quantized formats on the native kernel
 (engine.model.quant.QuantLinear), beside torch's own weight-only CPU kernels where
 this build has them. Random weights: the time depends on shapes only.
-Prints one JSON object: milliseconds per step, best of --repeats.
+Prints one JSON object: milliseconds per step, best of --repeats, and the
+machine (CPU model and flags, threads, load average).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
+from bench.common import machine, machine_line  # noqa: E402
 from engine.model.linear import Linear  # noqa: E402
 from engine.model.quant import QuantLinear, quantize  # noqa: E402
 
@@ -77,7 +79,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
     floats = weights(gen)
-    result: dict = {"ms_per_step": {}, "threads": torch.get_num_threads(), "torch": torch.__version__}
+    result: dict = {"ms_per_step": {}}
     for name in args.kernels.split(","):
         layers = products(name, floats)
         row_times = {}
@@ -93,8 +95,9 @@ def main() -> None:
                 row_times[str(rows)] = timed(step, args.repeats)
         result["ms_per_step"][name] = row_times
         del layers
-    result["load_average_1min"] = round(os.getloadavg()[0], 2)
+    result["machine"] = machine()
     print(json.dumps(result))
+    print(f"machine: {machine_line(result['machine'])}", file=sys.stderr)
 
 
 if __name__ == "__main__":

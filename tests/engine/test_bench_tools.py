@@ -1,0 +1,130 @@
+"""The benchmarks' helpers that decide what a figure says: llama-batched-bench's
+table read back, the CPU line, the weight bytes behind the read-bandwidth limit,
+and the goals' PASS/FAIL. No timing here: speed is measured in bench/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from bench.common import gguf_bytes_per_token, machine_line, parse_cpuinfo
+from bench.llamacpp import BatchedRow, parse_batched_bench
+from bench.throughput import goals
+
+# Captured from `llama-batched-bench -m SmolLM2-135M-Instruct.Q4_1.gguf -t 2 -tb 2 -c 3392
+# -b 2048 -ub 512 -npp 40 -ntg 64 -npl 1,4,16,32` (llama.cpp from llama-cpp-python 0.3.36),
+# stdout and stderr together, on a 2-core machine busy with other work (hence the low figures).
+BATCHED_BENCH_OUTPUT = """\
+0.00.166.777 W llama_context: n_ctx is not divisible by n_seq_max - rounding down to 8192
+
+llama_batched_bench: n_kv_max = 8192, n_batch = 2048, n_ubatch = 512, flash_attn = -1, is_pp_shared = 0, is_tg_separate = 0, n_gpu_layers = -1, n_threads = 2, n_threads_batch = 2
+
+|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |
+|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|
+|    40 |     64 |    1 |    104 |    1.288 |    31.06 |    9.211 |     6.95 |   10.499 |     9.91 |
+|    40 |     64 |    4 |    416 |    3.252 |    49.20 |   10.708 |    23.91 |   13.960 |    29.80 |
+|    40 |     64 |   16 |   1664 |   10.804 |    59.24 |   50.557 |    20.25 |   61.361 |    27.12 |
+|    40 |     64 |   32 |   3328 |   20.077 |    63.76 |   75.764 |    27.03 |   95.841 |    34.72 |
+"""
+
+CPUINFO_X86 = """\
+processor\t: 0
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R)   Platinum 8488C
+flags\t\t: fpu vme sse2 avx avx2 fma f16c avx512f avx512bw avx512vl avx512_vnni avx512_bf16 amx_tile amx_int8 amx_bf16
+
+processor\t: 1
+model name\t: Some Other CPU
+flags\t\t: fpu
+"""
+
+CPUINFO_ARM = """\
+processor\t: 0
+BogoMIPS\t: 50.00
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm asimddp i8mm
+CPU implementer\t: 0x41
+"""
+
+
+def test_batched_bench_rows_are_read_from_its_log() -> None:
+    rows = parse_batched_bench(BATCHED_BENCH_OUTPUT)
+    assert [r.batch for r in rows] == [1, 4, 16, 32]
+    assert all(r.prompt_tokens == 40 and r.new_tokens == 64 for r in rows)
+    assert rows[-1].decode_tok_s == 27.03 and rows[-1].prefill_tok_s == 63.76
+    assert rows[0] == BatchedRow(40, 64, 1, 1.288, 31.06, 9.211, 6.95)
+
+
+def test_batched_bench_ignores_everything_but_table_rows() -> None:
+    text = (
+        "main: n_kv_max = 3328, n_batch = 2048\n"
+        "|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |\n"
+        "|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|\n"
+        "|    40 |     64 |    2 |    208 |    0.100 |   800.00 |    1.000 |   128.00 |    1.100 |   189.09 |\n"
+        "llama_perf_context_print: total time = 1234.56 ms\n"
+    )
+    assert parse_batched_bench(text) == [BatchedRow(40, 64, 2, 0.1, 800.0, 1.0, 128.0)]
+    assert parse_batched_bench("error: unable to load model") == []
+
+
+def test_cpu_model_and_the_flags_that_pick_kernels() -> None:
+    x86 = parse_cpuinfo(CPUINFO_X86)
+    assert x86["model"] == "Intel(R) Xeon(R) Platinum 8488C"
+    assert x86["flags"] == [
+        "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+        "amx_tile", "amx_int8", "amx_bf16",
+    ]
+    assert "sse2" in x86["all_flags"] and "sse2" not in x86["flags"]
+    arm = parse_cpuinfo(CPUINFO_ARM)
+    assert arm["flags"] == ["asimd", "asimddp", "i8mm"]
+
+
+def test_machine_line_names_cpu_flags_threads_and_load() -> None:
+    line = machine_line({
+        "cpu": "AMD EPYC", "cpu_flags": ["avx2", "avx512f"], "torch": "2.13.0+cpu",
+        "threads": 2, "cores": 2, "load_average": [1.5, 1.0, 0.5], "cuda": None,
+    })
+    assert line == "AMD EPYC (avx2 avx512f), 2 threads of 2 cores, torch 2.13.0+cpu, load average 1.5 1.0 0.5"
+
+
+def _write_gguf(path: Path, tied: bool) -> None:
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_tensor("token_embd.weight", np.zeros((64, 32), dtype=np.float32))
+    writer.add_tensor("blk.0.attn_q.weight", np.zeros((32, 32), dtype=np.float16))
+    if not tied:
+        writer.add_tensor("output.weight", np.zeros((64, 32), dtype=np.float16))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_weight_bytes_read_per_token(tmp_path: Path) -> None:
+    embedding, attention, output = 64 * 32 * 4, 32 * 32 * 2, 64 * 32 * 2
+    _write_gguf(tmp_path / "tied.gguf", tied=True)
+    _write_gguf(tmp_path / "untied.gguf", tied=False)
+    # Tied: the embedding is the LM head, read whole for every token.
+    assert gguf_bytes_per_token(tmp_path / "tied.gguf") == embedding + attention
+    # Untied: the output matrix is read whole; of the embedding only one row.
+    assert gguf_bytes_per_token(tmp_path / "untied.gguf") == attention + output
+
+
+def test_goals_pass_or_fail_on_the_ratios_they_name() -> None:
+    result = {
+        "decode_tok_s": {"tandem": {"1": 100.0, "4": 200.0, "16": 400.0, "32": 390.0}},
+        "ratio_vs_llamacpp": {"1": 1.25, "4": 1.4, "16": 2.0},
+        "ratio_vs_transformers_fastest": {"16": 1.9},
+        "b1_share_of_read_limit": {"tandem": 51.0},
+    }
+    verdicts = {g["goal"]: g["pass"] for g in goals(result)}
+    assert verdicts == {
+        "B=1 decode >= 1.2x llama.cpp": True,
+        "B=1 decode >= 50% of the read-bandwidth limit": True,
+        "B=4 decode >= 1.5x llama.cpp": False,
+        "B=16 decode >= 2x llama.cpp": True,
+        "B=16 decode >= 2x the fastest transformers": False,
+        "B=32 decode >= B=16 (ratio)": False,
+    }
+    # Without llama.cpp in the run, its goals are not claimed either way.
+    assert [g["goal"] for g in goals({"decode_tok_s": {"tandem": {"1": 1.0}}})] == []
