@@ -98,13 +98,14 @@ def test_a_cold_broadcast_computes_the_shared_pages_once() -> None:
     driver = Driver(budget=40)
     seqs = [new_seq(i, prompt) for i in range(4)]
     driver.add(*seqs)
-    # The first request computes the prompt 40 tokens a step; the others wait,
-    # even in its third step, which leaves budget to spare.
+    # The first request computes the prompt 40 tokens a step, stopping at its
+    # last full page in the third; the others wait, though budget is left.
     for _ in range(3):
         assert scheduled_ids(driver.step()) == [0]
         assert [s.status for s in seqs[1:]] == [SequenceStatus.WAITING] * 3
     # That step registered the last shared page: the followers come in from
-    # the cache and compute the last partial page (never shared).
+    # the cache, and all four compute the last partial page (never shared)
+    # in one step, in chunks of one shape.
     step = driver.step()
     assert scheduled_ids(step) == [0, 1, 2, 3]
     for chunk in step.prefills:
@@ -201,16 +202,28 @@ def test_a_cancelled_leader_leaves_its_pages_and_a_follower_computes_the_rest() 
     assert driver.pool.num_used == 0
 
 
-def test_a_preempted_leader_does_not_strand_its_followers() -> None:
-    prompt = random_ids(64, seed=9)
-    # Alone a request needs 6 pages (93 tokens). Three sharing 3 full pages
-    # need 3 + 3 * 3 of 8: someone is preempted on the way.
-    driver = Driver(budget=256, pages=8)
-    seqs = [new_seq(i, prompt, max_tokens=30) for i in range(3)]
-    driver.add(*seqs)
-    driver.run(limit=400)
-    assert driver.scheduler.total_preemptions > 0
-    assert all(s.status is SequenceStatus.FINISHED and s.num_generated == 30 for s in seqs)
+def test_a_leader_preempted_mid_prefill_does_not_strand_its_follower() -> None:
+    driver = Driver(budget=32, pages=7)
+    # An older request decoding to 76 tokens (5 pages) takes pages from the
+    # leader of two 96-token twins as it grows: the leader, newest, gives way.
+    older = new_seq(9, random_ids(16, seed=30), max_tokens=60)
+    driver.add(older)
+    driver.step()
+    prompt = random_ids(96, seed=31)
+    leader, follower = new_seq(0, prompt), new_seq(1, prompt)
+    driver.add(leader, follower)
+    preempted_mid_prefill = False
+    for _ in range(400):
+        step = driver.step()
+        preempted_mid_prefill |= leader in step.preempted and leader.num_generated == 0
+        if not driver.scheduler.has_work:
+            break
+    assert preempted_mid_prefill
+    assert all(s.status is SequenceStatus.FINISHED for s in (older, leader, follower))
+    # The leader, back from the cache, led again: the follower still took
+    # every full page before its last token.
+    assert follower.metrics.cached_prompt_tokens == 80
+    assert driver.computed[1] == 16
     assert driver.pool.num_used == 0
 
 
