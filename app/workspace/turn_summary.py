@@ -112,7 +112,7 @@ def _matched_fraction(segments: Sequence[object]) -> float:
 
 
 def header(figures: Sequence[ReplyFigures]) -> list[str]:
-    return ["Pane", "Model", "Words", "Tokens", "Tok/s", "TTFT (s)", *(f"Words shared with {f.title}" for f in figures)]
+    return ["Pane", "Model", "Words", "Tokens", "Tok/s", "TTFT (s)", *(f"Shared with {f.title}" for f in figures)]
 
 
 def rows(figures: Sequence[ReplyFigures]) -> list[list[str]]:

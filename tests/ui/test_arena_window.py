@@ -95,6 +95,9 @@ async def test_the_blind_arena_hides_votes_by_key_reveals_and_rates(loop: Any, t
             assert view.title_label.full_text() in ("A", "B")
             assert "hidden until you vote" in view.summary_label.full_text()
             assert not view.model_picker.isVisible() and not view.settings_button.isEnabled()
+        # The chats sidebar's tooltips do not name the models either.
+        blind = {v.pane.conversation.id for v in window.panes.values()}
+        assert window.sidebar.blind_ids == blind
         chips = [window.composer.chip(pid).text() for pid in window.pane_order()]
         assert not any("Pane" in chip for chip in chips), chips
         window.stop_all()
@@ -112,6 +115,7 @@ async def test_the_blind_arena_hides_votes_by_key_reveals_and_rates(loop: Any, t
         vote = window.arena.last_vote
         assert vote is not None and (vote.outcome, vote.winner) == ("win", "B")
         b_pane = ws.pane(labels["B"])
+        assert window.sidebar.blind_ids == set()
         assert "You chose B." in window.arena_bar.status.text()
         assert f"B was {vote.side('B').model}" in window.arena_bar.status.text()
         assert vote.side("B").settings["system_prompt"] == b_pane.conversation.system_prompt
@@ -141,6 +145,16 @@ async def test_the_blind_arena_hides_votes_by_key_reveals_and_rates(loop: Any, t
         action.trigger()  # leave the arena: everything shows again
         assert not window.arena.on and not window.arena_bar.isVisible()
         assert all(v.title_label.full_text() == v.pane.title for v in window.panes.values())
+
+        # New arena in the Chats sidebar: a new chat in every pane, on its model and settings, and the arena on.
+        settings = {pid: (v.pane.conversation.params, v.pane.conversation.system_prompt) for pid, v in window.panes.items()}
+        old_chats = {v.pane.conversation.id for v in window.panes.values()}
+        window.sidebar.arena_button.click()
+        assert window.arena.on and action.isChecked()
+        assert all(not v.pane.conversation.messages for v in window.panes.values())
+        assert not old_chats & {v.pane.conversation.id for v in window.panes.values()}
+        assert sorted((v.pane.conversation.params.temperature, v.pane.conversation.system_prompt)
+                      for v in window.panes.values()) == sorted((p.temperature, sp) for p, sp in settings.values())
     finally:
         await _close(window)
 
@@ -219,3 +233,23 @@ async def test_every_new_action_is_in_the_shortcuts_list(loop: Any, make_window:
                  "Vote in the arena", "Arena leaderboard", "Export turn summary"):
         assert text in listed, text
     assert any(keys.startswith("1 … N") for keys in listed.values())
+
+
+@on_loop()
+async def test_the_arena_bar_fits_a_small_window(loop: Any, make_window: Any) -> None:
+    window = make_window(panes=7)
+    window.resize(800, 600)
+    before = window.minimumSizeHint().width()
+    window.menu_actions["arena"].trigger()
+    assert window.arena.on
+    await asyncio.sleep(0.3)
+    bar = window.arena_bar
+    # Nine choices do not widen the window: they shorten to key and label, each readable and inside the bar.
+    assert window.minimumSizeHint().width() <= before
+    assert [b.text() for b in bar.buttons][-3:] == ["7 G", "8 Tie", "9 Bad"]
+    for button in bar.buttons:
+        assert button.width() >= button.fontMetrics().horizontalAdvance(button.text())
+        assert button.mapTo(bar, button.rect().topRight()).x() <= bar.width()
+    window.resize(1600, 800)
+    await asyncio.sleep(0.3)
+    assert bar.buttons[0].text() == "1  A is better"

@@ -42,7 +42,7 @@ class TurnSummaryDialog(QDialog):
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         layout.addWidget(self.table, 1)
-        note = QLabel("Words shared: the share of a reply's words that the word diff (Ctrl+D) finds in the other reply.", self)
+        note = QLabel("Shared with a pane: the share of a reply's words that the word diff (Ctrl+D) finds in that pane's reply.", self)
         note.setWordWrap(True)
         layout.addWidget(note)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close, self)
@@ -75,8 +75,13 @@ class TurnSummaryDialog(QDialog):
                 if c >= 2:
                     item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
                 self.table.setItem(r, c, item)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.table.resizeColumnsToContents()
-        self.table.horizontalHeader().setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
+        # Wide enough for every column where the screen allows; beyond that the table scrolls sideways.
+        wanted = sum(self.table.columnWidth(c) for c in range(len(head))) + 60
+        screen = self.screen().availableGeometry() if self.screen() else None
+        limit = screen.width() - 40 if screen is not None else wanted
+        self.resize(max(self.width(), min(wanted, limit)), self.height())
         first = message.strip().splitlines()[0] if message.strip() else ""
         self.status.setText(f"The replies of {len(self.figures)} panes to “{first[:80]}”.")
         for button in (self.copy_button, *self.export_buttons.values()):

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QKeySequence, QShortcut
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QToolButton, QVBoxLayout, QWidget
+from PySide6.QtGui import QKeySequence, QResizeEvent, QShortcut
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QSizePolicy, QToolButton, QVBoxLayout, QWidget
 
 from app.workspace.arena import VoteChoice
 
@@ -43,6 +43,8 @@ class ArenaBar(QFrame):
         top.addWidget(close)
         column.addLayout(top)
         self.vote_row = QWidget(self)
+        # The row never makes the window wider: narrow, its buttons say only key and label (resizeEvent).
+        self.vote_row.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self._votes = QHBoxLayout(self.vote_row)
         self._votes.setContentsMargins(0, 0, 0, 0)
         self._votes.setSpacing(4)
@@ -73,6 +75,7 @@ class ArenaBar(QFrame):
             self._shortcuts.append(shortcut)
         self._votes.addStretch(1)
         self.set_voting(self._open)
+        self._fit_buttons()
 
     def set_voting(self, open_: bool) -> None:
         """Whether a vote can be cast now (the buttons stay visible, greyed, otherwise)."""
@@ -83,6 +86,24 @@ class ArenaBar(QFrame):
     @property
     def voting(self) -> bool:
         return self._open
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802
+        super().resizeEvent(event)
+        self._fit_buttons()
+
+    def _fit_buttons(self) -> None:
+        """"1  A is better" where the row has room, else "1 A" (the full text in the tooltip)."""
+        full = [f"{c.key}  {c.text}" for c in self._choices]
+        short = [f"{c.key} {c.winner or c.text.split()[0 if c.outcome == 'tie' else -1].capitalize()}" for c in self._choices]
+        metrics = self.fontMetrics()
+        spacing = self._votes.spacing()
+        pad = self.style().pixelMetric(self.style().PixelMetric.PM_ButtonMargin) * 2 + metrics.averageCharWidth() * 4
+        needed = sum(metrics.horizontalAdvance(text) + pad + spacing for text in full)
+        margins = self.contentsMargins().left() + self.contentsMargins().right() + 12
+        texts = full if needed <= self.width() - margins else short
+        for button, text in zip(self.buttons, texts):
+            if button.text() != text:
+                button.setText(text)
 
     def _cast(self, choice: VoteChoice) -> None:
         # A digit pressed while the vote is closed still goes to the window, which says why it is not counted.

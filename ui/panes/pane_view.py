@@ -233,6 +233,7 @@ class PaneView(QFrame):
         for message in self.messages.values():
             message.set_stats_hidden(self.arena_hidden)
         self.refresh_header()
+        self.refresh_context()
 
     def refresh_header(self) -> None:
         conv = self.pane.conversation
@@ -284,6 +285,12 @@ class PaneView(QFrame):
 
     def refresh_context(self) -> None:
         conv = self.pane.conversation
+        if self.arena_hidden:
+            # How much of the context a turn took tells a system prompt (or a tokenizer) apart.
+            self.context_meter.setRange(0, 1)
+            self.context_meter.setValue(0)
+            self.context_meter.setFormat("hidden until you vote")
+            return
         limit = max(int(conv.context_limit or 0), 0)
         used = self.context_tokens()
         self.context_meter.setRange(0, max(limit, 1))

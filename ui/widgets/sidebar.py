@@ -251,6 +251,7 @@ class ChatSidebar(QWidget):
         self._store = store
         self._clock = clock
         self.open_ids: set[str] = set()
+        self.blind_ids: set[str] = set()  # chats whose model an arena hides now
         self._undo_ids: list[str] = []
         self._confirm: QMessageBox | None = None
 
@@ -362,6 +363,13 @@ class ChatSidebar(QWidget):
         self.open_ids = set(conv_ids)
         self.list.viewport().update()
 
+    def set_blind(self, conv_ids: Iterable[str]) -> None:
+        """The chats whose model the tooltips leave out (a blind arena's, until the vote)."""
+        ids = set(conv_ids)
+        if ids != self.blind_ids:
+            self.blind_ids = ids
+            self.refresh()
+
     def selected_id(self) -> str | None:
         item = self.list.currentItem()
         if item is None or not item.isSelected():
@@ -421,9 +429,11 @@ class ChatSidebar(QWidget):
         preview = summary.preview
         if len(preview) > TOOLTIP_PREVIEW_CHARS:
             preview = preview[: TOOLTIP_PREVIEW_CHARS - 1] + "…"
+        # A chat in a blind arena does not name its model until the vote.
+        model = "model hidden (arena)" if summary.id in self.blind_ids else summary.model_id
         lines = [
             f"<b>{html.escape(summary.title or UNTITLED)}</b>",
-            f"{count_label(summary.message_count)} · {html.escape(summary.model_id)}",
+            f"{count_label(summary.message_count)} · {html.escape(model)}",
             # The times as `tandem chats list` writes them (the row shows the update relative to today).
             f"updated {local_time_text(summary.updated_at)}",
             f"started {local_time_text(summary.created_at)}",

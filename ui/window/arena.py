@@ -70,6 +70,7 @@ class WindowArena:
         window.arena_bar.hide()
         for view in window.panes.values():
             view.set_arena(None, False)
+        self._blind_sidebar()
         window.sync_pane_lists()
         if reason:
             window.statusBar().showMessage(reason, 10000)
@@ -174,7 +175,8 @@ class WindowArena:
         voting = arena.awaiting_vote and not busy
         bar = window.arena_bar
         bar.set_voting(voting)
-        keys = ", ".join(f"{c.key} {c.text.lower()}" for c in vote_choices(len(arena.pane_ids)))
+        keys = ", ".join(f"{c.key} {c.text[:1].lower() + c.text[1:] if c.winner is None else c.text}"
+                         for c in vote_choices(len(arena.pane_ids)))
         if turn is None or not turn.sent:
             bar.status.setText(f"Send a message: the replies come under labels {', '.join(_labels(arena))}, "
                                "in an order drawn each turn; models and settings stay hidden until you vote.")
@@ -184,7 +186,17 @@ class WindowArena:
             bar.status.setText(f"Which reply is better? Keys: {keys}.")
         elif turn.vote is not None:
             bar.status.setText(reveal_text(turn.vote))
+        self._blind_sidebar()
         window.sync_pane_lists()
+
+    def _blind_sidebar(self) -> None:
+        sidebar = self._window.sidebar
+        if sidebar is None:
+            return
+        arena = self.arena
+        hidden = arena is not None and not arena.revealed
+        panes = self._window.panes
+        sidebar.set_blind([panes[pid].pane.conversation.id for pid in arena.pane_ids if pid in panes] if hidden else [])
 
     def display_title(self, pane_id: int, title: str) -> str:
         """What the composer's chips and the compare bar call a pane: its label while hidden."""

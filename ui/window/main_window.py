@@ -447,7 +447,9 @@ class MainWindow(QMainWindow):
     # -- status and help -----------------------------------------------------------------
 
     def refresh_status(self) -> None:
-        self.status_bar.show_stats(self.workspace.stats(self.models.current()))
+        # In a blind arena the current pane's model (its quantization, its device) would tell who wrote a reply.
+        model = self.workspace.default_model if self.arena.hiding else self.models.current()
+        self.status_bar.show_stats(self.workspace.stats(model))
 
     def shortcuts(self) -> list[tuple[str, str]]:
         """(action, keys) for every action with a shortcut, as the Help menu lists them."""
