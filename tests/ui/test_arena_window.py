@@ -98,6 +98,10 @@ async def test_the_blind_arena_hides_votes_by_key_reveals_and_rates(loop: Any, t
         # The chats sidebar's tooltips do not name the models either.
         blind = {v.pane.conversation.id for v in window.panes.values()}
         assert window.sidebar.blind_ids == blind
+        window.menu_actions["pane_settings"].trigger()  # Ctrl+, would show them: refused
+        assert window.popover is None and "hides this pane's settings" in window.composer.notice.text()
+        window.menu_actions["sweep"].trigger()
+        assert window.sweeps.dialog is None
         chips = [window.composer.chip(pid).text() for pid in window.pane_order()]
         assert not any("Pane" in chip for chip in chips), chips
         window.stop_all()

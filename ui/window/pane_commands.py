@@ -249,6 +249,10 @@ class PaneCommands:
         view = window.panes.get(pane_id)
         if view is None:
             return
+        if view.arena_hidden:
+            window.report_error("Pane settings", AppError(
+                "The arena hides this pane's settings until you vote (or leave the arena with Ctrl+Shift+A)."))
+            return
         conv = view.pane.conversation
         popover = PaneSettingsPopover(
             conv.params,
