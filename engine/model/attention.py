@@ -87,11 +87,12 @@ class AttentionMetadata:
     prefills: list[PrefillChunk]
     batch_invariant: bool = False
     # The step runs on the native CPU path (LlamaModel._forward_native),
-    # where decodes come with decode_pages instead of decode_rows/bias:
-    # [num_decode, max_pages] page ids of each sequence, padded with 0.
+    # where every token attends through engine/kernels/native/paged_attention.c:
+    # page_table [sequences, max_pages] holds each chunk's page ids (padded
+    # with 0) and row_table [tokens] the line of each token's sequence.
     native: bool = False
-    decode_pages: torch.Tensor | None = None
-
+    page_table: torch.Tensor | None = None
+    row_table: torch.Tensor | None = None
 
 def paged_attention(
     layer: int,

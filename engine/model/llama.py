@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels import native
-from engine.model.attention import AttentionMetadata, paged_attention, prefill_attention
+from engine.model.attention import AttentionMetadata, paged_attention
 from engine.model.kv_cache import KVCache
 from engine.model.config import ModelConfig, rope_inverse_frequencies
 from engine.model.linear import Linear
@@ -100,6 +100,12 @@ class LlamaModel:
             for layer in layers
             for p in (layer.qkv, layer.o, layer.gate_up, layer.down)
         )
+        if self.native_forward and isinstance(lm_head, QuantLinear):
+            # The kernels take float32 rows and round them to int8 groups
+            # themselves: a bfloat16 cast on the way (of the final hidden
+            # states, and of the logits on the way back) would only lose
+            # precision, up to 1/8 of a logit at the default model's scale.
+            self.dtype = torch.float32
 
     def _product(self, linear: Product, x: torch.Tensor) -> torch.Tensor:
         if self.batch_invariant:
@@ -183,16 +189,16 @@ class LlamaModel:
         sin_table: torch.Tensor,
     ) -> torch.Tensor:
         """forward() with every product quantized, on the native CPU kernels:
-        five calls per layer for a decode step (norm + q/k/v, RoPE + KV
-        write + attention, o + residual, norm + gate/up, SwiGLU + down +
+        five calls per layer whatever the step holds (norm + q/k/v, RoPE +
+        KV write, attention, o + residual, norm + gate/up, SwiGLU + down +
         residual) instead of ~45 torch ops, whose fixed costs are most of a
-        one-sequence step. Prefill chunks in the step rotate and write their
-        K/V natively and attend with torch's SDPA.
+        one-sequence step.
 
-        Every row-wise operation is the same C code whatever the step holds,
-        and the products compute each row alone, so a sequence's tokens come
-        out the same alone or beside others (products of DEQUANTIZE_ROWS
-        rows or more aside: see QuantLinear)."""
+        Every row is computed alone in one fixed order, in the products
+        (QuantLinear) as in attention (paged_attention.c, the same code for a
+        decode and for a prefill row): a sequence's tokens come out the same
+        bits alone or beside others, in one prefill or in chunks, computed or
+        read back from the prefix cache."""
         c = self.config
         if isinstance(self.embed, QuantizedTensor):
             x = take_rows(self.embed, input_ids)
@@ -206,33 +212,17 @@ class LlamaModel:
         gate_up = x.new_empty(tokens, first.gate_up.out_features)
         eps = c.rms_norm_eps
         heads, kv_heads, head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        decodes = meta.num_decode
-        prefill_rows = slice(decodes, tokens)
+        assert meta.page_table is not None and meta.row_table is not None
         for index, layer in enumerate(self.layers):
             k_layer, v_layer = cache.k[index], cache.v[index]
             layer.qkv.product_into(x, qkv, input_op="rms_norm", norm_weight=layer.input_norm, eps=eps)
-            if decodes:
-                assert meta.decode_pages is not None
-                native.decode_attention(
-                    qkv[:decodes], heads, kv_heads, head_dim, cos_table, sin_table, positions[:decodes],
-                    k_layer, v_layer, meta.decode_pages, cache.page_size, c.sliding_window, self.scale,
-                    attn[:decodes],
-                )
-            if decodes < tokens:
-                new = qkv[prefill_rows]
-                native.rope_write_kv(
-                    new, heads, kv_heads, head_dim, cos_table, sin_table, positions[prefill_rows],
-                    k_layer, v_layer, meta.write_index[decodes * kv_heads :],
-                )
-                q, k, v = new.split((self._q_size, self._kv_size, self._kv_size), dim=-1)
-                for chunk in meta.prefills:
-                    rows = slice(chunk.token_start - decodes, chunk.token_start - decodes + chunk.num_tokens)
-                    attn[chunk.token_start : chunk.token_start + chunk.num_tokens] = prefill_attention(
-                        q[rows].reshape(-1, heads, head_dim),
-                        k[rows].reshape(-1, kv_heads, head_dim),
-                        v[rows].reshape(-1, kv_heads, head_dim),
-                        k_layer, v_layer, chunk, self.scale,
-                    )
+            native.rope_write_kv(
+                qkv, heads, kv_heads, head_dim, cos_table, sin_table, positions, k_layer, v_layer, meta.write_index
+            )
+            native.paged_attention(
+                qkv, heads, kv_heads, head_dim, positions, meta.row_table, meta.page_table, k_layer, v_layer,
+                cache.page_size, c.sliding_window, self.scale, attn,
+            )
             layer.o.product_into(attn, x, accumulate=True)
             layer.gate_up.product_into(x, gate_up, input_op="rms_norm", norm_weight=layer.post_norm, eps=eps)
             layer.down.product_into(gate_up, x, input_op="swiglu", accumulate=True)

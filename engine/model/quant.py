@@ -16,12 +16,13 @@ and input j + 16 in its high one, so a GGUF block's bytes are copied as
 they are. `scales` (and `mins`) are float16 [N, K/32], as GGUF stores them.
 
 Compute (`QuantLinear`): the native kernel (engine/kernels/native/quant_matmul.c)
-reads these arrays as they are, quantizing each input row to int8 groups
-of 32 (as llama.cpp does) so every group's dot product is an integer one.
-Measured on a 2-core AVX2 EPYC with the default model's shapes
-(bench/quant_kernels.py): a decode step's products take ~10 ms in q4_1
-against ~44 ms in fp32 oneDNN, while torch's own weight-only kernels
-(`_weight_int4pack_mm_for_cpu`, `_weight_int8pack_mm`) took 156 and 105 ms.
+quantizes each input row to int8 groups of 32 (as llama.cpp does), so every
+group's dot product is an integer one, and sums the groups in one fixed
+order: a row's result has the same bits whatever else is in the step and
+whichever instruction set runs it. It reads the weight in a "packed"
+layout (`PackedQuantizedTensor`, made once at load) where a vector lane is
+an output column: the GEMM-shaped tiles that make a batch of rows cost
+little more than one (bench/quant_kernels.py).
 """
 
 from __future__ import annotations
@@ -31,15 +32,14 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from engine.kernels import native
 
 log = logging.getLogger(__name__)
 
 GROUP_SIZE = 32
-# Products with this many rows or more dequantize the weight (see QuantLinear).
-DEQUANTIZE_ROWS = 128
+# Output rows per tile of the packed layout (quant_matmul.c's "octet").
+PACK_ROWS = 8
 FORMATS = ("q8_0", "q4_0", "q4_1")
 # Bytes of one group of GROUP_SIZE weights in each format: the levels (8 or
 # 4 bits each) plus a float16 scale (and a float16 min for q4_1).
@@ -158,6 +158,96 @@ class QuantizedTensor:
         )
 
 
+@dataclass(slots=True)
+class PackedQuantizedTensor(QuantizedTensor):
+    """A QuantizedTensor in the kernels' packed layout (quant_matmul.c's
+    header): `data` [octets, groups, 8 * bytes of a row's group] with the
+    4-byte pieces of 8 output rows interleaved, `scales` (and `mins`)
+    [octets, groups, 8]. `rows` is the true row count (the last octet is
+    padded with zero rows). Made by pack_weight(); unpacked() gives the
+    plain layout back, bit for bit."""
+
+    rows: int = 0
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise ValueError(f"unknown quantized format {self.format!r}; known: {', '.join(FORMATS)}")
+        octets, groups, width = self.data.shape
+        if width != _packed_width(self.format) or tuple(self.scales.shape) != (octets, groups, PACK_ROWS):
+            raise ValueError(
+                f"packed {self.format} weight with data {tuple(self.data.shape)} has scales {tuple(self.scales.shape)}"
+            )
+        if not (octets - 1) * PACK_ROWS < self.rows <= octets * PACK_ROWS:
+            raise ValueError(f"packed weight of {octets} octets cannot hold {self.rows} rows")
+        if (self.format == "q4_1") != (self.mins is not None):
+            raise ValueError(f"{self.format} weight: mins are {'missing' if self.mins is None else 'unexpected'}")
+
+    @property
+    def cols(self) -> int:
+        return self.data.shape[1] * GROUP_SIZE
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.rows, self.cols)
+
+    def unpacked(self) -> QuantizedTensor:
+        octets, groups, _ = self.data.shape
+        pieces = 8 if self.format == "q8_0" else 4
+        data = self.data.view(octets, groups, pieces, PACK_ROWS, 4).permute(0, 3, 1, 2, 4)
+        data = data.reshape(octets * PACK_ROWS, -1)[: self.rows].contiguous()
+
+        def per_row(t: torch.Tensor | None) -> torch.Tensor | None:
+            if t is None:
+                return None
+            return t.permute(0, 2, 1).reshape(octets * PACK_ROWS, groups)[: self.rows].contiguous()
+
+        return QuantizedTensor(self.format, data, per_row(self.scales), per_row(self.mins))  # type: ignore[arg-type]
+
+    def levels(self) -> torch.Tensor:
+        return self.unpacked().levels()
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self.unpacked().dequantize(dtype)
+
+    def take_rows(self, index: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self.unpacked().take_rows(index, dtype)
+
+    def permute_rows(self, order: torch.Tensor) -> QuantizedTensor:
+        return pack_weight(self.unpacked().permute_rows(order))
+
+    def to(self, device: torch.device) -> QuantizedTensor:
+        return self.unpacked().to(device)
+
+
+def _packed_width(fmt: str) -> int:
+    return PACK_ROWS * (GROUP_SIZE if fmt == "q8_0" else GROUP_SIZE // 2)
+
+
+def pack_weight(weight: QuantizedTensor) -> PackedQuantizedTensor:
+    """`weight` in the kernels' packed layout (a new copy; see
+    PackedQuantizedTensor)."""
+    if isinstance(weight, PackedQuantizedTensor):
+        return weight
+    rows, cols = weight.shape
+    groups = cols // GROUP_SIZE
+    octets = -(-rows // PACK_ROWS)
+    pad = octets * PACK_ROWS - rows
+
+    def padded(t: torch.Tensor) -> torch.Tensor:
+        return t if not pad else torch.cat((t, t.new_zeros(pad, *t.shape[1:])))
+
+    pieces = 8 if weight.format == "q8_0" else 4
+    data = padded(weight.data).view(octets, PACK_ROWS, groups, pieces, 4).permute(0, 2, 3, 1, 4)
+    data = data.reshape(octets, groups, _packed_width(weight.format)).contiguous()
+
+    def per_octet(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else padded(t).view(octets, PACK_ROWS, groups).permute(0, 2, 1).contiguous()
+
+    scales = per_octet(weight.scales)
+    assert scales is not None
+    return PackedQuantizedTensor(weight.format, data, scales, per_octet(weight.mins), rows=rows)
+
+
 # --------------------------------------------------------------------------
 # Quantizing float weights (requantizing GGUF types we do not keep, and
 # `--quantize` of float checkpoints). Same rounding as ggml's reference
@@ -239,19 +329,10 @@ def product_error_bound(x: torch.Tensor, q: QuantizedTensor, *, exact_weights: b
 
 
 class QuantLinear:
-    """y = x @ W.T + bias with W kept block-quantized: one copy, the
-    QuantizedTensor itself, read directly by the native kernel
-    (engine/kernels/native/quant_matmul.c). x: float32 or bfloat16 [M, K].
-
-    Products of fewer than DEQUANTIZE_ROWS rows (decode steps, short
-    prompts) run the kernel, whose cost is the weights' bytes. Larger ones
-    (long prefill chunks) are compute-bound, where oneDNN's fp32 GEMM beats
-    integer dot products (a 3072x576 weight on 2 AVX2 cores: 41 ms in the
-    kernel against 21 ms dequantized, at 256 rows; the kernel wins at 64),
-    so the weight is dequantized for that call, one float weight at a time.
-    Its inputs are rounded first exactly as the kernel rounds them: either
-    path then computes the same product up to float summation order, and a
-    prompt does not change its reply with the batch it arrives in.
+    """y = x @ W.T + bias with W kept block-quantized: one copy, packed for
+    the native kernel (engine/kernels/native/quant_matmul.c), which computes
+    every product, from a one-row decode step to a long prefill chunk, with
+    the same arithmetic per row. x: float32 or bfloat16 [M, K].
     """
 
     __slots__ = ("_bound", "bias", "format", "in_features", "out_features", "weight")
@@ -261,12 +342,7 @@ class QuantLinear:
             raise ValueError("QuantLinear runs on the CPU; dequantize the weight for other devices")
         self.format = weight.format
         self.out_features, self.in_features = weight.shape
-        self.weight = QuantizedTensor(
-            weight.format,
-            weight.data.contiguous(),
-            weight.scales.contiguous(),
-            None if weight.mins is None else weight.mins.contiguous(),
-        )
+        self.weight = pack_weight(weight)
         self.bias = None if bias is None else bias.float().contiguous()
         self._bound: native.BoundProduct | None = None  # bound at the first product
 
@@ -283,55 +359,36 @@ class QuantLinear:
         norm_weight: torch.Tensor | None = None,
         eps: float = 0.0,
         accumulate: bool = False,
-        kernel_only: bool = False,
     ) -> None:
         """out (+)= op(x) @ W.T + bias, float32 rows, in place: op is None,
         "rms_norm" (times norm_weight) or "swiglu" (x holds gate then up);
         with `accumulate` the product is added to out (a residual stream).
-        The steps of LlamaModel's native path are these calls.
-        `kernel_only`: never the dequantized path (batch invariance)."""
+        The steps of LlamaModel's native path are these calls."""
         if x.stride(1) != 1:
             x = x.contiguous()
-        if kernel_only or x.shape[0] < DEQUANTIZE_ROWS:
-            if self._bound is None:
-                w = self.weight
-                self._bound = native.BoundProduct(w.format, w.data, w.scales, w.mins, self.bias)
-            norm = None if norm_weight is None else norm_weight.data_ptr()
-            self._bound(x, out, torch.get_num_threads(), native.INPUT_OPS[input_op], norm, eps, accumulate)
-            return
-        rounded = native.prepare_inputs(x, self.in_features, input_op=input_op, norm_weight=norm_weight, eps=eps)
-        y = F.linear(rounded, dequantize_fast(self.weight), self.bias)
-        if accumulate:
-            out.add_(y)
-        else:
-            out.copy_(y)
-
-    def _product(self, x: torch.Tensor, kernel_only: bool) -> torch.Tensor:
-        out = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
-        self.product_into(x.float(), out, kernel_only=kernel_only)
-        return out if x.dtype == torch.float32 else out.to(x.dtype)
+        if self._bound is None:
+            w = self.weight
+            self._bound = native.BoundProduct(w.format, w.data, w.scales, w.mins, self.bias, self.out_features)
+        norm = None if norm_weight is None else norm_weight.data_ptr()
+        self._bound(x, out, torch.get_num_threads(), native.INPUT_OPS[input_op], norm, eps, accumulate)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self._product(x, kernel_only=False)
+        out = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
+        self.product_into(x.float(), out)
+        return out if x.dtype == torch.float32 else out.to(x.dtype)
 
     def tiled(self, x: torch.Tensor, rows: int) -> torch.Tensor:
-        """As engine.model.linear.Linear.tiled: each row's result is independent of
-        the batch. The kernel computes every row alone in one fixed order, so
-        no tiling is needed; it simply never hands large products to oneDNN."""
-        return self._product(x, kernel_only=True)
-
-
-def dequantize_fast(weight: QuantizedTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """weight.dequantize(), in one pass of the native kernel where it runs."""
-    if weight.data.device.type == "cpu" and native.available():
-        rows = torch.arange(weight.shape[0])
-        w = native.quant_take_rows(weight.format, rows, weight.data, weight.scales, weight.mins, weight.cols)
-        return w if dtype == torch.float32 else w.to(dtype)
-    return weight.dequantize(dtype)
+        """As engine.model.linear.Linear.tiled: each row's result is
+        independent of the batch, which the kernel already guarantees."""
+        return self(x)
 
 
 def take_rows(weight: QuantizedTensor, index: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Dequantized rows `index` (an embedding lookup), [*index.shape, cols]."""
+    if isinstance(weight, PackedQuantizedTensor) and native.available():
+        rows = native.quant_take_packed(weight.format, index, weight.data, weight.scales, weight.mins, weight.cols)
+        rows = rows if dtype == torch.float32 else rows.to(dtype)
+        return rows.view(*index.shape, weight.cols)
     if weight.data.device.type == "cpu" and native.available():
         rows = native.quant_take_rows(weight.format, index, weight.data, weight.scales, weight.mins, weight.cols)
         rows = rows if dtype == torch.float32 else rows.to(dtype)

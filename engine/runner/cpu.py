@@ -85,14 +85,15 @@ class ModelRunner:
             batch_invariant=self.deterministic,
         )
         meta.native = self.model.native_forward and not self.deterministic
-        if step.decodes and meta.native:
-            meta.decode_pages = self._decode_page_table(step.decodes)
-        elif step.decodes:
-            meta.decode_rows, meta.decode_bias = self._decode_keys(step.decodes)
-        token_start = len(step.decodes)
-        for chunk in step.prefills:
-            meta.prefills.append(self._prefill_chunk(chunk, token_start))
-            token_start += chunk.num_tokens
+        if meta.native:
+            meta.page_table, meta.row_table = self._page_tables(step)
+        else:
+            if step.decodes:
+                meta.decode_rows, meta.decode_bias = self._decode_keys(step.decodes)
+            token_start = len(step.decodes)
+            for chunk in step.prefills:
+                meta.prefills.append(self._prefill_chunk(chunk, token_start))
+                token_start += chunk.num_tokens
 
         hidden = self.model.forward(
             torch.tensor(ids, dtype=torch.long, device=dev),
@@ -107,12 +108,16 @@ class ModelRunner:
         """[..., pages] page ids -> [..., kv_heads, pages] cache rows."""
         return table.unsqueeze(-2) * self.num_kv + self._head_offsets[:, None]
 
-    def _decode_page_table(self, decodes: list[ScheduledChunk]) -> torch.Tensor:
-        """[decodes, max_pages] page ids through each one's new token, padded with 0."""
+    def _page_tables(self, step: ScheduleResult) -> tuple[torch.Tensor, torch.Tensor]:
+        """For the native path: [chunks, max_pages] page ids of each chunk's
+        sequence through its last token (padded with 0), and [tokens] the
+        line of each token's chunk."""
         ps = self.page_size
-        used = [c.seq.pages[: c.start // ps + 1] for c in decodes]
+        used = [c.seq.pages[: (c.start + c.num_tokens - 1) // ps + 1] for c in step.chunks]
         width = max(len(pages) for pages in used)
-        return torch.tensor([pages + [0] * (width - len(pages)) for pages in used], dtype=torch.long)
+        table = torch.tensor([pages + [0] * (width - len(pages)) for pages in used], dtype=torch.long)
+        counts = torch.tensor([c.num_tokens for c in step.chunks], dtype=torch.long)
+        return table, torch.repeat_interleave(torch.arange(len(used)), counts)
 
     def _decode_keys(self, decodes: list[ScheduledChunk]) -> tuple[torch.Tensor, torch.Tensor]:
         ps = self.page_size

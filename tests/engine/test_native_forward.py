@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from engine.kernels import native
 from engine.llm import Engine
 from engine.formats.loader import load_model
-from engine.model.quant import FORMATS, product_error_bound, quantize
+from engine.model.quant import FORMATS, pack_weight, product_error_bound, quantize
 from engine.runner.cpu import ModelRunner
 from engine.params import SamplingParams
 from engine.core.scheduler import ScheduledChunk, ScheduleResult
@@ -35,39 +35,59 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 @pytest.mark.parametrize("window", [None, 3])
-def test_decode_attention_matches_a_plain_softmax_over_the_pages(window: int | None) -> None:
+def test_paged_attention_matches_a_plain_softmax_over_the_pages(window: int | None) -> None:
     gen = torch.Generator().manual_seed(0)
     heads, kv_heads, dim, page = 6, 2, 16, 4
     k_layer = torch.randn(10 * kv_heads, page, dim, generator=gen)
     v_layer = torch.randn(10 * kv_heads, page, dim, generator=gen)
-    positions = torch.tensor([5, 9, 0])
-    table = torch.tensor([[3, 1, 0], [7, 2, 4], [6, 0, 0]])  # padded with page 0
-    qkv = torch.randn(3, (heads + 2 * kv_heads) * dim, generator=gen)
-    cos, sin = _rope_tables(16, dim)
-    before, k_before, v_before = qkv.clone(), k_layer.clone(), v_layer.clone()
-    out = torch.empty(3, heads * dim)
-    native.decode_attention(
-        qkv, heads, kv_heads, dim, cos, sin, positions, k_layer, v_layer, table, page, window, dim**-0.5, out
+    # Two decodes and a prefill chunk of three rows (positions 2..4) of a
+    # third sequence; rows point at their sequence's line of the table.
+    positions = torch.tensor([5, 9, 2, 3, 4])
+    row_table = torch.tensor([0, 1, 2, 2, 2])
+    table = torch.tensor([[3, 1, 0], [7, 2, 4], [6, 8, 0]])  # padded with page 0
+    qkv = torch.randn(5, (heads + 2 * kv_heads) * dim, generator=gen)
+    out = torch.empty(5, heads * dim)
+    native.paged_attention(
+        qkv, heads, kv_heads, dim, positions, row_table, table, k_layer, v_layer, page, window, dim**-0.5, out
     )
-    for b, pos in enumerate(positions.tolist()):
-        q = _rotate(before[b, : heads * dim].view(heads, dim), cos[pos], sin[pos])
-        k = _rotate(before[b, heads * dim : (heads + kv_heads) * dim].view(kv_heads, dim), cos[pos], sin[pos])
-        v = before[b, (heads + kv_heads) * dim :].view(kv_heads, dim)
-        slot_row = table[b, pos // page] * kv_heads
-        for h in range(kv_heads):  # the new token's k and v went to its slot
-            torch.testing.assert_close(k_layer[slot_row + h, pos % page], k[h])
-            torch.testing.assert_close(v_layer[slot_row + h, pos % page], v[h])
-            k_before[slot_row + h, pos % page], v_before[slot_row + h, pos % page] = k[h], v[h]
+    for t, pos in enumerate(positions.tolist()):
+        pages = table[row_table[t]]
         first = 0 if window is None else max(0, pos + 1 - window)
+        q = qkv[t, : heads * dim].view(heads, dim)
         for hq in range(heads):
             h = hq // (heads // kv_heads)
-            rows = [(table[b, j // page] * kv_heads + h, j % page) for j in range(first, pos + 1)]
-            keys = torch.stack([k_before[r, s] for r, s in rows])
-            values = torch.stack([v_before[r, s] for r, s in rows])
+            rows = [(pages[j // page] * kv_heads + h, j % page) for j in range(first, pos + 1)]
+            keys = torch.stack([k_layer[r, s] for r, s in rows])
+            values = torch.stack([v_layer[r, s] for r, s in rows])
             expected = torch.softmax(keys @ q[hq] * dim**-0.5, dim=-1) @ values
-            torch.testing.assert_close(out[b, hq * dim : (hq + 1) * dim], expected, atol=1e-5, rtol=1e-5)
-        # q and k were rotated in place.
-        torch.testing.assert_close(qkv[b, : heads * dim].view(heads, dim), q)
+            torch.testing.assert_close(out[t, hq * dim : (hq + 1) * dim], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_token_attends_with_the_same_bits_in_any_step() -> None:
+    # The same query row alone (a decode), inside a prefill chunk, with other
+    # sequences around it and from every build: one order of arithmetic.
+    gen = torch.Generator().manual_seed(4)
+    heads, kv_heads, dim, page = 9, 3, 64, 16
+    k_layer = torch.randn(40 * kv_heads, page, dim, generator=gen)
+    v_layer = torch.randn(40 * kv_heads, page, dim, generator=gen)
+    table = torch.tensor([[5, 2, 30, 11, 7], [9, 1, 3, 0, 0]])
+    qkv = torch.randn(70, (heads + 2 * kv_heads) * dim, generator=gen)
+    positions = torch.cat((torch.arange(10, 77), torch.tensor([20, 21, 40])))
+    row_table = torch.tensor([0] * 67 + [1, 1, 1])
+    together = torch.empty(70, heads * dim)
+    native.paged_attention(qkv, heads, kv_heads, dim, positions, row_table, table, k_layer, v_layer, page, None,
+                           0.125, together)
+    for t in (0, 33, 66, 68):
+        alone = torch.empty(1, heads * dim)
+        native.paged_attention(qkv[t : t + 1], heads, kv_heads, dim, positions[t : t + 1],
+                               torch.zeros(1, dtype=torch.long), table[row_table[t] : row_table[t] + 1],
+                               k_layer, v_layer, page, None, 0.125, alone)
+        assert torch.equal(alone[0], together[t]), t
+    for variant in native.cpu_variants(native.cpu_features()):
+        other = torch.empty(70, heads * dim)
+        native.paged_attention(qkv, heads, kv_heads, dim, positions, row_table, table, k_layer, v_layer, page,
+                               None, 0.125, other, lib=native.load_variant(variant))
+        assert torch.equal(other, together), variant
 
 
 def test_prefill_rows_are_rotated_and_written_to_their_cache_rows() -> None:
@@ -97,8 +117,9 @@ def test_fused_input_operations_and_accumulation(fmt: str) -> None:
     weight = quantize(torch.randn(40, 128, generator=gen), fmt)
     x = torch.randn(6, 128, generator=gen)
     norm = 1 + 0.1 * torch.randn(128, generator=gen)
+    packed = pack_weight(weight)
     out = torch.empty(6, 40)
-    native.quant_matmul_into(fmt, x, weight.data, weight.scales, weight.mins, None, out,
+    native.quant_matmul_into(fmt, x, packed.data, packed.scales, packed.mins, None, out,
                              input_op="rms_norm", norm_weight=norm, eps=1e-5)
     normed = F.rms_norm(x, (128,), norm, 1e-5)
     bound = product_error_bound(normed, weight, exact_weights=True) + 1e-4
@@ -107,24 +128,23 @@ def test_fused_input_operations_and_accumulation(fmt: str) -> None:
     pair = torch.randn(6, 256, generator=gen)
     residual = torch.randn(6, 40, generator=gen)
     before = residual.clone()
-    native.quant_matmul_into(fmt, pair, weight.data, weight.scales, weight.mins, None, residual,
+    native.quant_matmul_into(fmt, pair, packed.data, packed.scales, packed.mins, None, residual,
                              input_op="swiglu", accumulate=True)
     gated = F.silu(pair[:, :128]) * pair[:, 128:]
     bound = product_error_bound(gated, weight, exact_weights=True) + 1e-4
     assert ((residual - before - gated @ weight.dequantize().T).abs() <= bound).all()
-    # What the float path of long prompts computes: the same inputs, rounded the same way.
-    prepared = native.prepare_inputs(pair, 128, input_op="swiglu")
-    torch.testing.assert_close(prepared @ weight.dequantize().T, residual - before, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_each_row_of_a_product_is_the_same_bits_alone(fmt: str) -> None:
     gen = torch.Generator().manual_seed(3)
     weight = quantize(torch.randn(70, 256, generator=gen), fmt)
-    x = torch.randn(11, 256, generator=gen)  # two blocks of four rows and three single rows
-    together = native.quant_matmul(fmt, x, weight.data, weight.scales, weight.mins, None)
-    for i in range(11):
-        alone = native.quant_matmul(fmt, x[i : i + 1], weight.data, weight.scales, weight.mins, None)
+    packed = pack_weight(weight)
+    # 139 rows: many register tiles of four rows, and a last tile of three.
+    x = torch.randn(139, 256, generator=gen)
+    together = native.quant_matmul(fmt, x, packed.data, packed.scales, packed.mins, None, rows=70)
+    for i in (0, 1, 5, 64, 136, 138):
+        alone = native.quant_matmul(fmt, x[i : i + 1], packed.data, packed.scales, packed.mins, None, rows=70)
         assert torch.equal(alone[0], together[i]), i
 
 

@@ -1,5 +1,5 @@
-"""The engine's native CPU kernels (quant_matmul.c, decode_attention.c),
-built on first use.
+"""The engine's native CPU kernels (quant_matmul.c: quantized products;
+paged_attention.c: RoPE, KV writes and attention), built on first use.
 
 torch's own weight-only CPU kernels are slower than oneDNN's fp32 GEMM for a
 decode step on an AVX2 CPU (measured on a 2-core AMD EPYC, torch 2.13, the
@@ -39,30 +39,75 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name(name) for name in ("quant_matmul.c", "decode_attention.c")]
+SOURCES = [Path(__file__).with_name(name) for name in ("quant_matmul.c", "paged_attention.c")]
 FORMAT_CODES = {"q8_0": 0, "q4_0": 1, "q4_1": 2}
-# Compiler flags per instruction set; "portable" is plain C for any CPU.
+# Compiler flags per instruction set, best first; "portable" is plain C for
+# any CPU. Every variant computes the same bits (quant_matmul.c), so the
+# choice is only about speed.
 VARIANT_FLAGS = {
+    "avx512vnni": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni",
+                   "-mprefer-vector-width=256"],
+    "avxvnni": ["-mavx2", "-mfma", "-mf16c", "-mavxvnni"],
     "avx2": ["-mavx2", "-mfma", "-mf16c"],
     "portable": [],
 }
-_BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-std=c11"]
+# The CPU features (as /proc/cpuinfo names them) each variant needs.
+VARIANT_FEATURES = {
+    "avx512vnni": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"},
+    "avxvnni": {"avx2", "fma", "f16c", "avx_vnni"},
+    "avx2": {"avx2", "fma", "f16c"},
+    "portable": set(),
+}
+# What tandem_quant_simd() returns for each.
+VARIANT_CODES = {"portable": 0, "avx2": 1, "avxvnni": 2, "avx512vnni": 3}
+# -ffp-contract=off: no fused multiply-add the source does not write, so the
+# portable build rounds exactly as the SIMD ones.
+_BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-std=c11", "-ffp-contract=off"]
 
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
 _failure: str | None = None
+_variant: str | None = None
 
 
 class NativeKernelError(RuntimeError):
     pass
 
 
-def cpu_variant() -> str:
-    """The instruction set this CPU runs the kernels with."""
+def cpu_features() -> set[str]:
+    """The CPU's instruction-set features, as Linux's /proc/cpuinfo names
+    them. Elsewhere, what torch's own dispatch reports (AVX2 or AVX-512
+    without the VNNI detail)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            for line in info:
+                if line.startswith("flags"):
+                    return set(line.partition(":")[2].split())
+    except OSError:
+        pass
+    if sys.platform == "darwin":
+        return set()
     capability = torch.backends.cpu.get_cpu_capability().upper()
-    if sys.platform != "darwin" and capability.startswith(("AVX2", "AVX512")):
-        return "avx2"
-    return "portable"
+    return {"avx2", "fma", "f16c"} if capability.startswith(("AVX2", "AVX512")) else set()
+
+
+def cpu_variants(features: set[str] | None = None) -> list[str]:
+    """The variants this CPU can run, fastest first (portable last).
+    TANDEM_KERNEL_VARIANT names one to use instead (tests, benchmarks)."""
+    forced = os.environ.get("TANDEM_KERNEL_VARIANT")
+    if forced:
+        if forced not in VARIANT_FLAGS:
+            raise NativeKernelError(
+                f"TANDEM_KERNEL_VARIANT={forced!r} is not a kernel variant; known: {', '.join(VARIANT_FLAGS)}"
+            )
+        return [forced]
+    have = cpu_features() if features is None else features
+    return [name for name, needs in VARIANT_FEATURES.items() if needs <= have]
+
+
+def cpu_variant() -> str:
+    """The variant this CPU runs the kernels with (the fastest it can run)."""
+    return cpu_variants()[0]
 
 
 def library_name(variant: str) -> str:
@@ -122,16 +167,16 @@ def _find_or_build(variant: str) -> Path:
 def _bind(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     i64, ptr, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-    lib.tandem_quant_matmul_ex.argtypes = [
+    lib.tandem_quant_gemm.argtypes = [
         c_int, i64, i64, i64, ptr, i64, ptr, ptr, ptr, ptr, ptr, i64, c_int, c_int, ptr, ctypes.c_float, c_int,
     ]
-    lib.tandem_quant_matmul_ex.restype = c_int
-    lib.tandem_decode_attention.argtypes = [
-        i64, i64, i64, i64, ptr, i64, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, ctypes.c_float, ptr, i64, c_int,
+    lib.tandem_quant_gemm.restype = c_int
+    lib.tandem_quant_take_packed.argtypes = [c_int, i64, ptr, i64, ptr, ptr, ptr, ptr]
+    lib.tandem_quant_take_packed.restype = c_int
+    lib.tandem_paged_attention.argtypes = [
+        i64, i64, i64, i64, ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, ctypes.c_float, ptr, ptr, ptr, i64, c_int,
     ]
-    lib.tandem_decode_attention.restype = c_int
-    lib.tandem_prepare_inputs.argtypes = [i64, i64, ptr, i64, c_int, ptr, ctypes.c_float, c_int, ptr]
-    lib.tandem_prepare_inputs.restype = c_int
+    lib.tandem_paged_attention.restype = c_int
     lib.tandem_rope_write_kv.argtypes = [i64, i64, i64, i64, ptr, i64, ptr, ptr, ptr, ptr, ptr, ptr, c_int]
     lib.tandem_rope_write_kv.restype = c_int
     lib.tandem_quant_take_rows.argtypes = [c_int, i64, ptr, i64, ptr, ptr, ptr, ptr]
@@ -150,7 +195,10 @@ def likely_available() -> bool:
         return _library is not None
     if os.environ.get("TANDEM_NO_NATIVE_KERNELS"):
         return False
-    variant = cpu_variant()
+    try:
+        variant = cpu_variant()
+    except NativeKernelError:
+        return False
     if Path(__file__).with_name(library_name(variant)).is_file():
         return True
     if (_cache_dir() / _cached_name(variant)).is_file():
@@ -162,7 +210,7 @@ def likely_available() -> bool:
 def library() -> ctypes.CDLL:
     """The loaded kernels; raises NativeKernelError (once per process,
     then the same message) when they cannot be had."""
-    global _library, _failure
+    global _library, _failure, _variant
     with _lock:
         if _library is not None:
             return _library
@@ -171,14 +219,34 @@ def library() -> ctypes.CDLL:
         if os.environ.get("TANDEM_NO_NATIVE_KERNELS"):
             _failure = "native kernels disabled by TANDEM_NO_NATIVE_KERNELS"
             raise NativeKernelError(_failure)
-        variant = cpu_variant()
+        errors = []
         try:
-            _library = _bind(_find_or_build(variant))
-        except (NativeKernelError, OSError, AttributeError) as exc:
-            _failure = f"quantized CPU kernels unavailable ({variant}): {exc}"
+            variants = cpu_variants()
+        except NativeKernelError as exc:
+            _failure = str(exc)
+            raise
+        for variant in variants:
+            try:
+                _library = load_variant(variant)
+                break
+            except (NativeKernelError, OSError, AttributeError) as exc:
+                # An older compiler may not know the newest instruction
+                # sets: the next variant down still runs at full accuracy.
+                errors.append(f"{variant}: {exc}")
+                log.info("quantized CPU kernels (%s) unavailable: %s", variant, exc)
+        else:
+            _failure = "quantized CPU kernels unavailable (" + "; ".join(errors) + ")"
             log.warning("%s", _failure)
-            raise NativeKernelError(_failure) from exc
+            raise NativeKernelError(_failure)
+        _variant = variant
         return _library
+
+
+def loaded_variant() -> str:
+    """The variant the kernels in use were built for (loads them)."""
+    library()
+    assert _variant is not None
+    return _variant
 
 
 def available() -> bool:
@@ -205,12 +273,16 @@ def quant_matmul(
     scales: torch.Tensor,
     mins: torch.Tensor | None,
     bias: torch.Tensor | None,
+    *,
+    rows: int,
+    lib: ctypes.CDLL | None = None,
 ) -> torch.Tensor:
-    """x [M, K] float32 @ W.T (+ bias) -> a new float32 [M, N]."""
+    """x [M, K] float32 @ W.T (+ bias) -> a new float32 [M, rows], W packed
+    (engine.model.quant.pack_weight) with `rows` output rows."""
     if x.stride(1) != 1:
         x = x.contiguous()
-    out = torch.empty(x.shape[0], data.shape[0], dtype=torch.float32)
-    return quant_matmul_into(fmt, x, data, scales, mins, bias, out)
+    out = torch.empty(x.shape[0], rows, dtype=torch.float32)
+    return quant_matmul_into(fmt, x, data, scales, mins, bias, out, lib=lib)
 
 
 INPUT_OPS = {None: 0, "rms_norm": 1, "swiglu": 2}
@@ -229,42 +301,45 @@ def quant_matmul_into(
     norm_weight: torch.Tensor | None = None,
     eps: float = 0.0,
     accumulate: bool = False,
+    lib: ctypes.CDLL | None = None,
 ) -> torch.Tensor:
-    """out (+)= op(x) @ W.T (+ bias), float32, every tensor row-contiguous.
-    op: None; "rms_norm" (x normalised, times norm_weight); "swiglu" (x is
-    [M, 2K], gate then up: silu(gate) * up). With `accumulate` the product
-    is added to `out` (a residual stream updated in place)."""
-    rows = x.shape[0]
-    cols = data.shape[1] * (1 if fmt == "q8_0" else 2)
-    status = library().tandem_quant_matmul_ex(
-        FORMAT_CODES[fmt], rows, data.shape[0], cols, x.data_ptr(), x.stride(0),
+    """out (+)= op(x) @ W.T (+ bias), float32, every tensor row-contiguous,
+    W packed (data [octets, groups, bytes], scales and mins [octets, groups,
+    8]) with out.shape[1] output rows. op: None; "rms_norm" (x normalised,
+    times norm_weight); "swiglu" (x is [M, 2K], gate then up: silu(gate) *
+    up). With `accumulate` the product is added to `out` (a residual stream
+    updated in place). `lib`: a library of load_variant() instead of the
+    one this CPU runs."""
+    groups = data.shape[1]
+    status = (lib or library()).tandem_quant_gemm(
+        FORMAT_CODES[fmt], x.shape[0], out.shape[1], groups * 32, x.data_ptr(), x.stride(0),
         data.data_ptr(), scales.data_ptr(), _pointer(mins), _pointer(bias),
         out.data_ptr(), out.stride(0), torch.get_num_threads(),
         INPUT_OPS[input_op], _pointer(norm_weight), eps, int(accumulate),
     )
-    _check(status, "tandem_quant_matmul_ex")
+    _check(status, "tandem_quant_gemm")
     return out
 
 
 class BoundProduct:
-    """One weight's product with its arguments resolved once (format code,
-    shape, data pointers): a decode step makes 120+ of these calls, and
-    resolving them per call was a tenth of a one-sequence step. The
+    """One packed weight's product with its arguments resolved once (format
+    code, shape, data pointers): a decode step makes 120+ of these calls,
+    and resolving them per call was a tenth of a one-sequence step. The
     tensors must outlive it (the model holds them)."""
 
     __slots__ = ("_call", "_fmt", "_n", "_k", "_data", "_scales", "_mins", "_bias", "_keep")
 
     def __init__(
         self, fmt: str, data: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
-        bias: torch.Tensor | None,
+        bias: torch.Tensor | None, rows: int,
     ) -> None:
         for tensor in (data, scales, mins, bias):
             if tensor is not None and not tensor.is_contiguous():
                 raise ValueError("BoundProduct needs contiguous tensors")
-        self._call = library().tandem_quant_matmul_ex
+        self._call = library().tandem_quant_gemm
         self._fmt = FORMAT_CODES[fmt]
-        self._n = data.shape[0]
-        self._k = data.shape[1] * (1 if fmt == "q8_0" else 2)
+        self._n = rows
+        self._k = data.shape[1] * 32
         self._data, self._scales = data.data_ptr(), scales.data_ptr()
         self._mins, self._bias = _pointer(mins), _pointer(bias)
         self._keep = (data, scales, mins, bias)
@@ -280,57 +355,37 @@ class BoundProduct:
             self._data, self._scales, self._mins, self._bias,
             out.data_ptr(), out.stride(0), threads, input_op, norm_weight, eps, accumulate,
         )
-        _check(status, "tandem_quant_matmul_ex")
+        _check(status, "tandem_quant_gemm")
 
 
-def decode_attention(
+def paged_attention(
     qkv: torch.Tensor,
     num_heads: int,
     num_kv_heads: int,
     head_dim: int,
-    cos_table: torch.Tensor,
-    sin_table: torch.Tensor,
     positions: torch.Tensor,
+    row_table: torch.Tensor,
+    page_table: torch.Tensor,
     k_layer: torch.Tensor,
     v_layer: torch.Tensor,
-    page_table: torch.Tensor,
     page_size: int,
     window: int | None,
     scale: float,
     out: torch.Tensor,
-) -> torch.Tensor:
-    """One decode token per row of qkv [B, (Hq + 2 Hkv) D] (rotated in place):
-    its k/v written to the cache at its position, attention over its pages
-    into out [B, Hq D]. positions: int64 [B]; page_table: int64 [B, pages]."""
-    status = library().tandem_decode_attention(
-        qkv.shape[0], num_heads, num_kv_heads, head_dim, qkv.data_ptr(), qkv.stride(0),
-        cos_table.data_ptr(), sin_table.data_ptr(), positions.data_ptr(),
-        k_layer.data_ptr(), v_layer.data_ptr(), page_table.data_ptr(), page_table.shape[1],
-        page_size, window or 0, scale, out.data_ptr(), out.stride(0), torch.get_num_threads(),
-    )
-    _check(status, "tandem_decode_attention")
-    return out
-
-
-def prepare_inputs(
-    x: torch.Tensor,
-    cols: int,
     *,
-    input_op: str | None = None,
-    norm_weight: torch.Tensor | None = None,
-    eps: float = 0.0,
-    round_to_int8: bool = True,
+    lib: ctypes.CDLL | None = None,
 ) -> torch.Tensor:
-    """op(x) as quant_matmul_into applies it, [M, cols] float32, rounded to
-    the kernels' int8 groups unless told not to."""
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    out = torch.empty(x.shape[0], cols, dtype=torch.float32)
-    status = library().tandem_prepare_inputs(
-        x.shape[0], cols, x.data_ptr(), x.stride(0), INPUT_OPS[input_op], _pointer(norm_weight), eps,
-        int(round_to_int8), out.data_ptr(),
+    """Attention of every row of qkv [T, (Hq + 2 Hkv) D] (its q heads, already
+    rotated; its k and v already in the cache: rope_write_kv) over the
+    pages of its sequence, into out [T, Hq D]. positions: int64 [T];
+    row_table: int64 [T], each row's line of page_table (int64 [S, pages])."""
+    status = (lib or library()).tandem_paged_attention(
+        qkv.shape[0], num_heads, num_kv_heads, head_dim, qkv.data_ptr(), qkv.stride(0),
+        positions.data_ptr(), row_table.data_ptr(), page_table.data_ptr(), page_table.shape[0],
+        page_table.shape[1], page_size, window or 0, scale, k_layer.data_ptr(), v_layer.data_ptr(),
+        out.data_ptr(), out.stride(0), torch.get_num_threads(),
     )
-    _check(status, "tandem_prepare_inputs")
+    _check(status, "tandem_paged_attention")
     return out
 
 
@@ -345,10 +400,12 @@ def rope_write_kv(
     k_layer: torch.Tensor,
     v_layer: torch.Tensor,
     write_rows: torch.Tensor,
+    *,
+    lib: ctypes.CDLL | None = None,
 ) -> None:
     """Rotate q and k of every row of qkv in place; write k and v to the
     cache rows write_rows [T * Hkv] (AttentionMetadata.write_index)."""
-    status = library().tandem_rope_write_kv(
+    status = (lib or library()).tandem_rope_write_kv(
         qkv.shape[0], num_heads, num_kv_heads, head_dim, qkv.data_ptr(), qkv.stride(0),
         cos_table.data_ptr(), sin_table.data_ptr(), positions.data_ptr(),
         k_layer.data_ptr(), v_layer.data_ptr(), write_rows.data_ptr(), torch.get_num_threads(),
@@ -369,3 +426,28 @@ def quant_take_rows(
     )
     _check(status, "tandem_quant_take_rows")
     return out
+
+
+def quant_take_packed(
+    fmt: str, index: torch.Tensor, data: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None, cols: int
+) -> torch.Tensor:
+    """Dequantized float32 rows `index` of a packed table, [len(index), cols]."""
+    lib = library()
+    flat = index.reshape(-1).to(torch.int64).contiguous()
+    out = torch.empty(flat.numel(), cols, dtype=torch.float32)
+    status = lib.tandem_quant_take_packed(
+        FORMAT_CODES[fmt], flat.numel(), flat.data_ptr(), cols,
+        data.data_ptr(), scales.data_ptr(), _pointer(mins), out.data_ptr(),
+    )
+    _check(status, "tandem_quant_take_packed")
+    return out
+
+
+def load_variant(variant: str) -> ctypes.CDLL:
+    """The kernels built for `variant` (into the cache folder if needed),
+    loaded beside the one in use: tests compare every variant this CPU runs
+    with the portable build."""
+    lib = _bind(_find_or_build(variant))
+    if lib.tandem_quant_simd() != VARIANT_CODES[variant]:
+        raise NativeKernelError(f"the {variant} build reports instruction set {lib.tandem_quant_simd()}")
+    return lib

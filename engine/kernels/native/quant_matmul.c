@@ -6,17 +6,39 @@
  *
  * Each row of x is first quantized to int8 in groups of 32 with one float
  * scale per group (ggml's q8 activations), so a group's dot product is an
- * integer one: 32 multiply-adds in one AVX2 maddubs/madd pair, scaled once
- * by d_w * d_x. This reads 4.5-8.5 bits per weight instead of 32, and at a
- * decode step the weights' bytes are the cost.
+ * integer one. Every output element is then, whatever the step's size, the
+ * thread split or the instruction set:
  *
- * Every output element is one row of x against one row of W, reduced in
- * the same order whatever M is and however rows are split over threads, so
- * a row's result does not depend on the batch it arrives in.
+ *     acc = 0
+ *     for each group g, in order:
+ *         P   = sum of w[i] * x[i] over the group's 32 inputs   (exact, int32;
+ *               q4_0 counts w as q - 8)
+ *         acc = fma(d_w[g] * d_x[g], (float)P, acc)
+ *         q4_1: acc = fma(m_w[g], d_x[g] * sum(x_q[g]), acc)
+ *     y = acc (+ bias) (added to y with `accumulate`)
  *
- * Built by engine/kernels/native/__init__.py with the platform's C compiler (OpenMP
- * resolves to the libgomp torch has already loaded); without AVX2 the
- * portable C below is used.
+ * so a row's result has the same bits alone, in a batch of 32 or inside a
+ * 512-row prefill chunk, and the same bits from the portable C as from the
+ * AVX2 or AVX-512 VNNI build (tests/engine/test_quant_kernels.py checks
+ * both). Integer sums are exact in any order, which is what lets the SIMD
+ * builds reorder them freely.
+ *
+ * Layout ("packed", engine/model/quant.py PackedQuantizedTensor): the
+ * weight's rows are taken eight at a time (an "octet"), and within a group
+ * the 4-byte pieces of the eight rows are interleaved, so one 32-byte load
+ * holds the same four inputs of eight output columns: a vector lane is an
+ * output column, a dot product is 8 multiply-add-4 instructions per group
+ * with no horizontal sum, and each loaded weight vector serves up to four
+ * rows of x while four rows' broadcast inputs serve two octets (a GEMM's
+ * register tile, as llama.cpp's repacked q4_0 kernels do). Per octet and
+ * group: q8_0: 8 x 32 bytes (piece j = inputs 4j..4j+3 of the 8 rows);
+ * 4-bit: 4 x 32 bytes (piece k holds bytes 4k..4k+3 of each row's 16: low
+ * nibbles are inputs 4k.., high nibbles 16+4k..); then 8 scales (and 8
+ * mins) as fp16.
+ *
+ * Built by engine/kernels/native/__init__.py in variants (portable, avx2,
+ * avx512vnni) chosen at run time by the CPU's features; OpenMP resolves to
+ * the libgomp torch has already loaded.
  */
 
 #include <stdint.h>
@@ -26,17 +48,24 @@
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
-#define TANDEM_AVX2 1
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define TANDEM_SIMD 3 /* AVX2 + 256-bit vpdpbusd (AVX-512 VNNI), 32 vector registers */
+#elif defined(__AVXVNNI__)
+#define TANDEM_SIMD 2 /* AVX2 + VEX vpdpbusd (AVX-VNNI) */
 #else
-#define TANDEM_AVX2 0
+#define TANDEM_SIMD 1 /* AVX2 maddubs/madd */
+#endif
+#else
+#define TANDEM_SIMD 0
 #endif
 
 #define GROUP 32
+#define OCTET 8
 
 enum { FMT_Q8_0 = 0, FMT_Q4_0 = 1, FMT_Q4_1 = 2 };
 
 static inline float half_to_float(uint16_t h) {
-#if TANDEM_AVX2
+#if TANDEM_SIMD
     return _cvtsh_ss(h);
 #else
     uint32_t sign = (uint32_t)(h & 0x8000) << 16;
@@ -62,9 +91,9 @@ static inline float half_to_float(uint16_t h) {
 #endif
 }
 
-/* One row of x to int8 groups: q[K], scale[K/32], and scale * sum(q) per
- * group (what the q4 formats' offset terms multiply). */
-static void quantize_row(const float *x, int64_t K, int8_t *q, float *scale, float *scaled_sum) {
+/* One row of x to int8 groups: q[K], scale[K/32], the sum of each group's
+ * levels, and scale * that sum (what the q4_1 mins multiply). */
+static void quantize_row(const float *x, int64_t K, int8_t *q, float *scale, int32_t *level_sum, float *scaled_sum) {
     for (int64_t g = 0; g < K / GROUP; g++) {
         const float *xg = x + g * GROUP;
         float amax = 0.0f;
@@ -82,193 +111,10 @@ static void quantize_row(const float *x, int64_t K, int8_t *q, float *scale, flo
             sum += v;
         }
         scale[g] = d;
+        level_sum[g] = sum;
         scaled_sum[g] = d * (float)sum;
     }
 }
-
-#if TANDEM_AVX2
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-/* 32 nibbles of a GGML q4 group as bytes in input order: low nibbles are
- * inputs 0-15, high nibbles 16-31. */
-static inline __m256i unpack_nibbles(const uint8_t *p) {
-    __m128i raw = _mm_loadu_si128((const __m128i *)p);
-    __m256i both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
-    return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
-}
-
-static inline __m256 group_dot_u8(__m256i w_unsigned, __m256i xq) {
-    __m256i pairs = _mm256_maddubs_epi16(w_unsigned, xq);
-    return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-}
-#endif
-
-/* Dot products of one quantized x row against W rows [n0, n1), written to
- * out[0 .. n1 - n0). */
-static void rows_dot(int fmt, int64_t K, const uint8_t *data, const uint16_t *scales, const uint16_t *mins,
-                     const int8_t *xq, const float *xd, const float *xs, int64_t n0, int64_t n1, float *out,
-                     const float *bias) {
-    const int64_t groups = K / GROUP;
-    const int64_t row_bytes = fmt == FMT_Q8_0 ? K : K / 2;
-    for (int64_t n = n0; n < n1; n++) {
-        const uint8_t *w = data + n * row_bytes;
-        const uint16_t *d = scales + n * groups;
-        float offset = 0.0f; /* the q4 formats' per-group constant terms */
-#if TANDEM_AVX2
-        const uint16_t *m = mins ? mins + n * groups : NULL;
-        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-        int64_t g = 0;
-        for (; g + 1 < groups; g += 2) {
-            __m256 p0, p1;
-            const __m256i x0 = _mm256_loadu_si256((const __m256i *)(xq + g * GROUP));
-            const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xq + (g + 1) * GROUP));
-            if (fmt == FMT_Q8_0) {
-                const __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + g * GROUP));
-                const __m256i w1 = _mm256_loadu_si256((const __m256i *)(w + (g + 1) * GROUP));
-                p0 = group_dot_u8(_mm256_sign_epi8(w0, w0), _mm256_sign_epi8(x0, w0));
-                p1 = group_dot_u8(_mm256_sign_epi8(w1, w1), _mm256_sign_epi8(x1, w1));
-            } else {
-                p0 = group_dot_u8(unpack_nibbles(w + g * (GROUP / 2)), x0);
-                p1 = group_dot_u8(unpack_nibbles(w + (g + 1) * (GROUP / 2)), x1);
-            }
-            const float d0 = half_to_float(d[g]), d1 = half_to_float(d[g + 1]);
-            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d0 * xd[g]), p0, acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d1 * xd[g + 1]), p1, acc1);
-            if (m) {
-                offset += half_to_float(m[g]) * xs[g] + half_to_float(m[g + 1]) * xs[g + 1];
-            } else if (fmt == FMT_Q4_0) {
-                offset -= 8.0f * (d0 * xs[g] + d1 * xs[g + 1]);
-            }
-        }
-        for (; g < groups; g++) {
-            const __m256i x0 = _mm256_loadu_si256((const __m256i *)(xq + g * GROUP));
-            __m256 p0;
-            if (fmt == FMT_Q8_0) {
-                const __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + g * GROUP));
-                p0 = group_dot_u8(_mm256_sign_epi8(w0, w0), _mm256_sign_epi8(x0, w0));
-            } else {
-                p0 = group_dot_u8(unpack_nibbles(w + g * (GROUP / 2)), x0);
-            }
-            const float d0 = half_to_float(d[g]);
-            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d0 * xd[g]), p0, acc0);
-            if (fmt != FMT_Q8_0) offset += m ? half_to_float(m[g]) * xs[g] : -8.0f * d0 * xs[g];
-        }
-        /* The next rows' weights, while this row's sums finish. */
-        _mm_prefetch((const char *)(w + 2 * row_bytes), _MM_HINT_T0);
-        float sum = hsum(_mm256_add_ps(acc0, acc1)) + offset;
-#else
-        float sum = 0.0f;
-        for (int64_t g = 0; g < groups; g++) {
-            const int8_t *xg = xq + g * GROUP;
-            int dot = 0;
-            if (fmt == FMT_Q8_0) {
-                const int8_t *wg = (const int8_t *)w + g * GROUP;
-                for (int i = 0; i < GROUP; i++) dot += wg[i] * xg[i];
-            } else {
-                const uint8_t *wg = w + g * (GROUP / 2);
-                for (int i = 0; i < GROUP / 2; i++) {
-                    dot += (wg[i] & 0x0F) * xg[i] + (wg[i] >> 4) * xg[i + GROUP / 2];
-                }
-            }
-            float dw = half_to_float(d[g]);
-            sum += dw * xd[g] * (float)dot;
-            if (fmt == FMT_Q4_0) offset -= 8.0f * dw * xs[g];
-            if (fmt == FMT_Q4_1) offset += half_to_float(mins[n * groups + g]) * xs[g];
-        }
-        sum += offset;
-#endif
-        out[n - n0] = bias ? sum + bias[n] : sum;
-    }
-}
-
-#if TANDEM_AVX2
-/* rows_dot for four x rows at once: each weight group is loaded and
- * unpacked once for all four. Every row's arithmetic (two accumulators on
- * alternate groups, the offset terms in pairs) is exactly rows_dot's, so a
- * row's result is the same bits whichever of the two computes it. */
-static void rows_dot4(int fmt, int64_t K, const uint8_t *data, const uint16_t *scales, const uint16_t *mins,
-                      const int8_t *const xq[4], const float *const xd[4], const float *const xs[4], int64_t n0,
-                      int64_t n1, float *const out[4], const float *bias) {
-    const int64_t groups = K / GROUP;
-    const int64_t row_bytes = fmt == FMT_Q8_0 ? K : K / 2;
-    for (int64_t n = n0; n < n1; n++) {
-        const uint8_t *w = data + n * row_bytes;
-        const uint16_t *d = scales + n * groups;
-        const uint16_t *m = mins ? mins + n * groups : NULL;
-        __m256 acc0[4], acc1[4];
-        float offset[4];
-        for (int r = 0; r < 4; r++) {
-            acc0[r] = _mm256_setzero_ps();
-            acc1[r] = _mm256_setzero_ps();
-            offset[r] = 0.0f;
-        }
-        int64_t g = 0;
-        for (; g + 1 < groups; g += 2) {
-            const float d0 = half_to_float(d[g]), d1 = half_to_float(d[g + 1]);
-            if (fmt == FMT_Q8_0) {
-                __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + g * GROUP));
-                __m256i w1 = _mm256_loadu_si256((const __m256i *)(w + (g + 1) * GROUP));
-                __m256i a0 = _mm256_sign_epi8(w0, w0), a1 = _mm256_sign_epi8(w1, w1);
-                for (int r = 0; r < 4; r++) {
-                    __m256i x0 = _mm256_loadu_si256((const __m256i *)(xq[r] + g * GROUP));
-                    __m256i x1 = _mm256_loadu_si256((const __m256i *)(xq[r] + (g + 1) * GROUP));
-                    __m256 p0 = group_dot_u8(a0, _mm256_sign_epi8(x0, w0));
-                    __m256 p1 = group_dot_u8(a1, _mm256_sign_epi8(x1, w1));
-                    acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * xd[r][g]), p0, acc0[r]);
-                    acc1[r] = _mm256_fmadd_ps(_mm256_set1_ps(d1 * xd[r][g + 1]), p1, acc1[r]);
-                }
-            } else {
-                __m256i w0 = unpack_nibbles(w + g * (GROUP / 2));
-                __m256i w1 = unpack_nibbles(w + (g + 1) * (GROUP / 2));
-                const float m0 = m ? half_to_float(m[g]) : 0.0f, m1 = m ? half_to_float(m[g + 1]) : 0.0f;
-                for (int r = 0; r < 4; r++) {
-                    __m256 p0 = group_dot_u8(w0, _mm256_loadu_si256((const __m256i *)(xq[r] + g * GROUP)));
-                    __m256 p1 = group_dot_u8(w1, _mm256_loadu_si256((const __m256i *)(xq[r] + (g + 1) * GROUP)));
-                    acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * xd[r][g]), p0, acc0[r]);
-                    acc1[r] = _mm256_fmadd_ps(_mm256_set1_ps(d1 * xd[r][g + 1]), p1, acc1[r]);
-                    if (m) {
-                        offset[r] += m0 * xs[r][g] + m1 * xs[r][g + 1];
-                    } else {
-                        offset[r] -= 8.0f * (d0 * xs[r][g] + d1 * xs[r][g + 1]);
-                    }
-                }
-            }
-        }
-        for (; g < groups; g++) {
-            const float d0 = half_to_float(d[g]);
-            if (fmt == FMT_Q8_0) {
-                __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + g * GROUP));
-                __m256i a0 = _mm256_sign_epi8(w0, w0);
-                for (int r = 0; r < 4; r++) {
-                    __m256i x0 = _mm256_loadu_si256((const __m256i *)(xq[r] + g * GROUP));
-                    __m256 p0 = group_dot_u8(a0, _mm256_sign_epi8(x0, w0));
-                    acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * xd[r][g]), p0, acc0[r]);
-                }
-            } else {
-                __m256i w0 = unpack_nibbles(w + g * (GROUP / 2));
-                for (int r = 0; r < 4; r++) {
-                    __m256 p0 = group_dot_u8(w0, _mm256_loadu_si256((const __m256i *)(xq[r] + g * GROUP)));
-                    acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * xd[r][g]), p0, acc0[r]);
-                    offset[r] += m ? half_to_float(m[g]) * xs[r][g] : -8.0f * d0 * xs[r][g];
-                }
-            }
-        }
-        for (int r = 0; r < 4; r++) {
-            float sum = hsum(_mm256_add_ps(acc0[r], acc1[r])) + offset[r];
-            out[r][n - n0] = bias ? sum + bias[n] : sum;
-        }
-    }
-}
-#endif
-
-/* Rows of W per unit of work: a block's weights stay in cache while every
- * row of x passes over them. */
-#define ROW_BLOCK 16
 
 /* What is done to a row of x before the product (fused so that a decode
  * step pays one call, not three or four small torch ops, per product). */
@@ -288,24 +134,263 @@ static void prepare_row(int input_op, const float *x, int64_t K, const float *no
     }
 }
 
-/* y (+)= op(x) @ W^T + bias. x rows are K floats (2K for INPUT_SWIGLU);
- * with `accumulate` the product is added to y (a residual stream). */
-int tandem_quant_matmul_ex(int fmt, int64_t M, int64_t N, int64_t K, const float *x, int64_t x_stride,
-                           const uint8_t *data, const uint16_t *scales, const uint16_t *mins, const float *bias,
-                           float *y, int64_t y_stride, int threads, int input_op, const float *norm_weight,
-                           float eps, int accumulate) {
+/* The quantized rows of x a product reads. */
+typedef struct {
+    const int8_t *q;     /* [M, K] */
+    const float *d;      /* [M, G] */
+    const int32_t *sum;  /* [M, G] */
+    const float *dsum;   /* [M, G] */
+    int64_t K, G;
+} QuantizedRows;
+
+/* One weight in the packed layout. */
+typedef struct {
+    int fmt;
+    int64_t N, G;
+    const uint8_t *data;    /* [octets, G, 8 * bytes per row group] */
+    const uint16_t *scales; /* [octets, G, 8] */
+    const uint16_t *mins;   /* [octets, G, 8] or NULL */
+} PackedWeight;
+
+static inline int64_t octet_group_bytes(int fmt) { return fmt == FMT_Q8_0 ? OCTET * GROUP : OCTET * GROUP / 2; }
+
+/* The product's outputs for rows [r0, r0 + mr) and the columns of one
+ * octet, as each element's final value (before bias and accumulation). */
+
+#if TANDEM_SIMD
+static inline int32_t load_piece(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* p += the 4-input dot products of unsigned w bytes with signed x bytes,
+ * per 32-bit lane (exact: no lane can overflow for our operands). */
+static inline __m256i dot_u8s8(__m256i p, __m256i w, __m256i x) {
+#if TANDEM_SIMD == 3
+    return _mm256_dpbusd_epi32(p, w, x);
+#elif TANDEM_SIMD == 2
+    return _mm256_dpbusd_avx_epi32(p, w, x);
+#else
+    return _mm256_add_epi32(p, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
+#endif
+}
+
+#if TANDEM_SIMD == 3
+#define TILE_ROWS 4
+#define TILE_OCTETS 2
+#else
+#define TILE_ROWS 4
+#define TILE_OCTETS 1
+#endif
+
+/* acc[r][o] (8 columns each) for MR rows of x and NO octets starting at
+ * `octet`, over every group: the formula at the top of this file, one
+ * column per lane. MR and NO are constants at each call site, so the
+ * arrays below live in registers. */
+static inline __attribute__((always_inline)) void tile(const PackedWeight *w, const QuantizedRows *x, int64_t r0,
+                                                       int64_t octet, const int MR, const int NO, __m256 acc[4][2]) {
+    const int64_t G = w->G, obytes = octet_group_bytes(w->fmt);
+    const uint8_t *base[2];
+    const uint16_t *scales[2], *mins[2];
+    for (int o = 0; o < NO; o++) {
+        base[o] = w->data + (octet + o) * G * obytes;
+        scales[o] = w->scales + (octet + o) * G * OCTET;
+        mins[o] = w->mins ? w->mins + (octet + o) * G * OCTET : NULL;
+    }
+    for (int r = 0; r < MR; r++)
+        for (int o = 0; o < NO; o++) acc[r][o] = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    for (int64_t g = 0; g < G; g++) {
+        __m256i p[4][2];
+        for (int r = 0; r < MR; r++)
+            for (int o = 0; o < NO; o++) p[r][o] = _mm256_setzero_si256();
+        if (w->fmt == FMT_Q8_0) {
+            for (int j = 0; j < 8; j++) {
+                __m256i wv[2], wabs[2];
+                for (int o = 0; o < NO; o++) {
+                    wv[o] = _mm256_loadu_si256((const __m256i *)(base[o] + g * obytes + j * 32));
+                    wabs[o] = _mm256_sign_epi8(wv[o], wv[o]);
+                }
+                for (int r = 0; r < MR; r++) {
+                    const __m256i xb = _mm256_set1_epi32(load_piece(x->q + (r0 + r) * x->K + g * GROUP + 4 * j));
+                    for (int o = 0; o < NO; o++) p[r][o] = dot_u8s8(p[r][o], wabs[o], _mm256_sign_epi8(xb, wv[o]));
+                }
+            }
+        } else {
+#if TANDEM_SIMD == 1
+            /* maddubs pairs summed as int16 over the whole group: 16
+             * products of at most 15 * 127 per lane, no overflow. */
+            __m256i h[4][2];
+            for (int r = 0; r < MR; r++)
+                for (int o = 0; o < NO; o++) h[r][o] = _mm256_setzero_si256();
+#endif
+            for (int k = 0; k < 4; k++) {
+                __m256i lo[2], hi[2];
+                for (int o = 0; o < NO; o++) {
+                    const __m256i raw = _mm256_loadu_si256((const __m256i *)(base[o] + g * obytes + k * 32));
+                    lo[o] = _mm256_and_si256(raw, low4);
+                    hi[o] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+                }
+                for (int r = 0; r < MR; r++) {
+                    const int8_t *xg = x->q + (r0 + r) * x->K + g * GROUP;
+                    const __m256i xl = _mm256_set1_epi32(load_piece(xg + 4 * k));
+                    const __m256i xh = _mm256_set1_epi32(load_piece(xg + 16 + 4 * k));
+                    for (int o = 0; o < NO; o++) {
+#if TANDEM_SIMD == 1
+                        h[r][o] = _mm256_add_epi16(h[r][o], _mm256_maddubs_epi16(lo[o], xl));
+                        h[r][o] = _mm256_add_epi16(h[r][o], _mm256_maddubs_epi16(hi[o], xh));
+#else
+                        p[r][o] = dot_u8s8(p[r][o], lo[o], xl);
+                        p[r][o] = dot_u8s8(p[r][o], hi[o], xh);
+#endif
+                    }
+                }
+            }
+#if TANDEM_SIMD == 1
+            for (int r = 0; r < MR; r++)
+                for (int o = 0; o < NO; o++) p[r][o] = _mm256_madd_epi16(h[r][o], _mm256_set1_epi16(1));
+#endif
+        }
+        __m256 dw[2], mw[2];
+        for (int o = 0; o < NO; o++) {
+            dw[o] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales[o] + g * OCTET)));
+            if (w->fmt == FMT_Q4_1) mw[o] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mins[o] + g * OCTET)));
+        }
+        for (int r = 0; r < MR; r++) {
+            const int64_t at = (r0 + r) * G + g;
+            const __m256 dx = _mm256_set1_ps(x->d[at]);
+            for (int o = 0; o < NO; o++) {
+                __m256i P = p[r][o];
+                if (w->fmt == FMT_Q4_0) P = _mm256_sub_epi32(P, _mm256_set1_epi32(8 * x->sum[at]));
+                acc[r][o] = _mm256_fmadd_ps(_mm256_mul_ps(dw[o], dx), _mm256_cvtepi32_ps(P), acc[r][o]);
+                if (w->fmt == FMT_Q4_1) acc[r][o] = _mm256_fmadd_ps(mw[o], _mm256_set1_ps(x->dsum[at]), acc[r][o]);
+            }
+        }
+    }
+}
+
+/* Finish one octet's 8 columns of one row: + bias, store or add. */
+static inline void finish(__m256 v, const float *bias, int64_t n0, int64_t N, float *y, int accumulate) {
+    if (n0 + OCTET <= N) {
+        if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + n0));
+        if (accumulate) v = _mm256_add_ps(_mm256_loadu_ps(y + n0), v);
+        _mm256_storeu_ps(y + n0, v);
+        return;
+    }
+    float lanes[OCTET];
+    _mm256_storeu_ps(lanes, v);
+    for (int64_t n = n0; n < N; n++) {
+        float value = lanes[n - n0];
+        if (bias) value = value + bias[n];
+        y[n] = accumulate ? y[n] + value : value;
+    }
+}
+
+#define TILE_CASE(MR, NO)                                                                          \
+    do {                                                                                           \
+        __m256 acc[4][2];                                                                          \
+        tile(w, x, r0, octet, MR, NO, acc);                                                        \
+        for (int r = 0; r < MR; r++)                                                               \
+            for (int o = 0; o < NO; o++)                                                           \
+                finish(acc[r][o], bias, (octet + o) * OCTET, w->N, y + (r0 + r) * y_stride, accumulate); \
+    } while (0)
+
+static void octets_product(const PackedWeight *w, const QuantizedRows *x, int64_t M, int64_t first, int64_t last,
+                           const float *bias, float *y, int64_t y_stride, int accumulate) {
+    for (int64_t r0 = 0; r0 < M; r0 += TILE_ROWS) {
+        const int64_t mr = M - r0 < TILE_ROWS ? M - r0 : TILE_ROWS;
+        int64_t octet = first;
+#if TILE_OCTETS == 2
+        for (; octet + 2 <= last; octet += 2) {
+            switch (mr) {
+            case 4: TILE_CASE(4, 2); break;
+            case 3: TILE_CASE(3, 2); break;
+            case 2: TILE_CASE(2, 2); break;
+            default: TILE_CASE(1, 2); break;
+            }
+        }
+#endif
+        for (; octet < last; octet++) {
+            switch (mr) {
+            case 4: TILE_CASE(4, 1); break;
+            case 3: TILE_CASE(3, 1); break;
+            case 2: TILE_CASE(2, 1); break;
+            default: TILE_CASE(1, 1); break;
+            }
+        }
+    }
+}
+
+#else /* portable C: the same formula, element by element */
+
+static void octets_product(const PackedWeight *w, const QuantizedRows *x, int64_t M, int64_t first, int64_t last,
+                           const float *bias, float *y, int64_t y_stride, int accumulate) {
+    const int64_t G = w->G, obytes = octet_group_bytes(w->fmt);
+    for (int64_t r = 0; r < M; r++) {
+        const int8_t *xr = x->q + r * x->K;
+        for (int64_t octet = first; octet < last; octet++) {
+            for (int c = 0; c < OCTET; c++) {
+                const int64_t n = octet * OCTET + c;
+                if (n >= w->N) break;
+                float acc = 0.0f;
+                for (int64_t g = 0; g < G; g++) {
+                    const uint8_t *wg = w->data + (octet * G + g) * obytes;
+                    const int8_t *xg = xr + g * GROUP;
+                    int32_t P = 0;
+                    if (w->fmt == FMT_Q8_0) {
+                        for (int j = 0; j < 8; j++)
+                            for (int b = 0; b < 4; b++) P += (int8_t)wg[j * 32 + c * 4 + b] * xg[4 * j + b];
+                    } else {
+                        for (int k = 0; k < 4; k++)
+                            for (int b = 0; b < 4; b++) {
+                                const uint8_t byte = wg[k * 32 + c * 4 + b];
+                                P += (byte & 0x0F) * xg[4 * k + b] + (byte >> 4) * xg[16 + 4 * k + b];
+                            }
+                        if (w->fmt == FMT_Q4_0) P -= 8 * x->sum[r * G + g];
+                    }
+                    const int64_t at = (octet * G + g) * OCTET + c;
+                    acc = fmaf(half_to_float(w->scales[at]) * x->d[r * G + g], (float)P, acc);
+                    if (w->fmt == FMT_Q4_1) acc = fmaf(half_to_float(w->mins[at]), x->dsum[r * G + g], acc);
+                }
+                float value = acc;
+                if (bias) value = value + bias[n];
+                float *out = y + r * y_stride + n;
+                *out = accumulate ? *out + value : value;
+            }
+        }
+    }
+}
+#endif
+
+/* Octets per unit of work: its weights stay in cache while every row of x
+ * passes over them. */
+#define BLOCK_OCTETS 4
+
+/* y (+)= op(x) @ W^T + bias, W packed. x rows are K floats (2K for
+ * INPUT_SWIGLU); with `accumulate` the product is added to y (a residual
+ * stream). */
+int tandem_quant_gemm(int fmt, int64_t M, int64_t N, int64_t K, const float *x, int64_t x_stride,
+                      const uint8_t *data, const uint16_t *scales, const uint16_t *mins, const float *bias,
+                      float *y, int64_t y_stride, int threads, int input_op, const float *norm_weight, float eps,
+                      int accumulate) {
     if (K % GROUP != 0 || (fmt == FMT_Q4_1) != (mins != NULL) || fmt < 0 || fmt > 2) return 1;
     if (input_op < 0 || input_op > 2 || (input_op == INPUT_RMS_NORM && norm_weight == NULL)) return 1;
+    if (M <= 0 || N <= 0) return 0;
     const int64_t groups = K / GROUP;
     int8_t *xq = malloc((size_t)(M * K));
     float *xd = malloc((size_t)(M * groups) * sizeof(float));
+    int32_t *xsum = malloc((size_t)(M * groups) * sizeof(int32_t));
     float *xs = malloc((size_t)(M * groups) * sizeof(float));
     float *prepared = input_op != INPUT_AS_IS ? malloc((size_t)(M * K) * sizeof(float)) : NULL;
-    if (!xq || !xd || !xs || (input_op != INPUT_AS_IS && !prepared)) {
-        free(xq); free(xd); free(xs); free(prepared);
+    if (!xq || !xd || !xsum || !xs || (input_op != INPUT_AS_IS && !prepared)) {
+        free(xq); free(xd); free(xsum); free(xs); free(prepared);
         return 2;
     }
-    const int64_t blocks = (N + ROW_BLOCK - 1) / ROW_BLOCK;
+    const PackedWeight w = {fmt, N, groups, data, scales, mins};
+    const QuantizedRows rows = {xq, xd, xsum, xs, K, groups};
+    const int64_t octets = (N + OCTET - 1) / OCTET;
+    const int64_t blocks = (octets + BLOCK_OCTETS - 1) / BLOCK_OCTETS;
     #pragma omp parallel num_threads(threads) if (threads > 1 && M * N * K >= (1 << 16))
     {
         #pragma omp for schedule(static)
@@ -315,48 +400,47 @@ int tandem_quant_matmul_ex(int fmt, int64_t M, int64_t N, int64_t K, const float
                 prepare_row(input_op, row, K, norm_weight, eps, prepared + i * K);
                 row = prepared + i * K;
             }
-            quantize_row(row, K, xq + i * K, xd + i * groups, xs + i * groups);
+            quantize_row(row, K, xq + i * K, xd + i * groups, xsum + i * groups, xs + i * groups);
         }
-        float block_out[ROW_BLOCK];
         #pragma omp for schedule(static)
         for (int64_t b = 0; b < blocks; b++) {
-            int64_t n0 = b * ROW_BLOCK, n1 = n0 + ROW_BLOCK < N ? n0 + ROW_BLOCK : N;
-            int64_t i = 0;
-#if TANDEM_AVX2
-            for (; i + 4 <= M; i += 4) {
-                float *outs[4];
-                const int8_t *q4[4];
-                const float *d4[4], *s4[4];
-                float local[4][ROW_BLOCK];
-                for (int r = 0; r < 4; r++) {
-                    outs[r] = accumulate ? local[r] : y + (i + r) * y_stride + n0;
-                    q4[r] = xq + (i + r) * K;
-                    d4[r] = xd + (i + r) * groups;
-                    s4[r] = xs + (i + r) * groups;
-                }
-                rows_dot4(fmt, K, data, scales, mins, q4, d4, s4, n0, n1, outs, bias);
-                if (accumulate) {
-                    for (int r = 0; r < 4; r++) {
-                        float *row = y + (i + r) * y_stride;
-                        for (int64_t n = n0; n < n1; n++) row[n] += local[r][n - n0];
+            const int64_t first = b * BLOCK_OCTETS;
+            const int64_t last = first + BLOCK_OCTETS < octets ? first + BLOCK_OCTETS : octets;
+            octets_product(&w, &rows, M, first, last, bias, y, y_stride, accumulate);
+        }
+    }
+    free(xq); free(xd); free(xsum); free(xs); free(prepared);
+    return 0;
+}
+
+/* Rows `index` of a packed table, dequantized (embedding lookups of a
+ * table tied to the LM head). */
+int tandem_quant_take_packed(int fmt, int64_t count, const int64_t *index, int64_t K, const uint8_t *data,
+                             const uint16_t *scales, const uint16_t *mins, float *out) {
+    if (K % GROUP != 0) return 1;
+    const int64_t G = K / GROUP, obytes = octet_group_bytes(fmt);
+    #pragma omp parallel for schedule(static) if (count >= 256)
+    for (int64_t r = 0; r < count; r++) {
+        const int64_t n = index[r], octet = n / OCTET, c = n % OCTET;
+        for (int64_t g = 0; g < G; g++) {
+            const uint8_t *wg = data + (octet * G + g) * obytes;
+            const int64_t at = (octet * G + g) * OCTET + c;
+            const float d = half_to_float(scales[at]);
+            float *o = out + r * K + g * GROUP;
+            if (fmt == FMT_Q8_0) {
+                for (int j = 0; j < 8; j++)
+                    for (int b = 0; b < 4; b++) o[4 * j + b] = d * (float)(int8_t)wg[j * 32 + c * 4 + b];
+            } else {
+                const float base = fmt == FMT_Q4_1 ? half_to_float(mins[at]) : -8.0f * d;
+                for (int k = 0; k < 4; k++)
+                    for (int b = 0; b < 4; b++) {
+                        const uint8_t byte = wg[k * 32 + c * 4 + b];
+                        o[4 * k + b] = d * (float)(byte & 0x0F) + base;
+                        o[16 + 4 * k + b] = d * (float)(byte >> 4) + base;
                     }
-                }
-            }
-#endif
-            for (; i < M; i++) {
-                float *out = y + i * y_stride;
-                if (!accumulate) {
-                    rows_dot(fmt, K, data, scales, mins, xq + i * K, xd + i * groups, xs + i * groups, n0, n1,
-                             out + n0, bias);
-                } else {
-                    rows_dot(fmt, K, data, scales, mins, xq + i * K, xd + i * groups, xs + i * groups, n0, n1,
-                             block_out, bias);
-                    for (int64_t n = n0; n < n1; n++) out[n] += block_out[n - n0];
-                }
             }
         }
     }
-    free(xq); free(xd); free(xs); free(prepared);
     return 0;
 }
 
@@ -388,34 +472,5 @@ int tandem_quant_take_rows(int fmt, int64_t count, const int64_t *index, int64_t
     return 0;
 }
 
-/* op(x) (INPUT_AS_IS, INPUT_RMS_NORM, INPUT_SWIGLU), optionally rounded
- * as the kernels round their inputs: what a float GEMM with the dequantized
- * weight takes to compute the kernels' product up to summation order. */
-int tandem_prepare_inputs(int64_t M, int64_t K, const float *x, int64_t x_stride, int input_op,
-                          const float *norm_weight, float eps, int round_to_int8, float *out) {
-    if (input_op < 0 || input_op > 2 || (input_op == INPUT_RMS_NORM && norm_weight == NULL)) return 1;
-    if (round_to_int8 && K % GROUP != 0) return 1;
-    #pragma omp parallel if (M * K >= (1 << 16))
-    {
-        int8_t q[GROUP];
-        float scale, scaled_sum;
-        #pragma omp for schedule(static)
-        for (int64_t i = 0; i < M; i++) {
-            float *row = out + i * K;
-            if (input_op == INPUT_AS_IS) {
-                for (int64_t k = 0; k < K; k++) row[k] = x[i * x_stride + k];
-            } else {
-                prepare_row(input_op, x + i * x_stride, K, norm_weight, eps, row);
-            }
-            if (round_to_int8) {
-                for (int64_t g = 0; g < K / GROUP; g++) {
-                    quantize_row(row + g * GROUP, GROUP, q, &scale, &scaled_sum);
-                    for (int j = 0; j < GROUP; j++) row[g * GROUP + j] = scale * (float)q[j];
-                }
-            }
-        }
-    }
-    return 0;
-}
-
-int tandem_quant_simd(void) { return TANDEM_AVX2; }
+/* The instruction set this build uses: 0 portable, 1 AVX2, 2 AVX-VNNI, 3 AVX-512 VNNI. */
+int tandem_quant_simd(void) { return TANDEM_SIMD; }

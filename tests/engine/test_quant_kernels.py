@@ -1,0 +1,118 @@
+"""Every build of the quantized CPU kernels computes the same bits.
+
+engine/kernels/native/quant_matmul.c defines one order of arithmetic per
+output element; the portable C and each SIMD build (AVX2, AVX-VNNI,
+AVX-512 VNNI) must follow it exactly, so that which machine a reply was
+computed on, like which batch it was computed in, never changes it. Every
+variant is compiled here; the ones this CPU can run are compared with the
+portable build bit for bit, on shapes on both sides of each tile size (4
+rows of x, 2 octets of 8 output columns, blocks of 4 octets) and of the
+last partial octet.
+"""
+
+from __future__ import annotations
+
+import torch
+import pytest
+
+from engine.kernels import native
+from engine.model.quant import FORMATS, PackedQuantizedTensor, pack_weight, quantize, take_rows
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="no C compiler for the native kernels")
+
+# What this CPU runs, best first; "portable" is always among them.
+RUNNABLE = native.cpu_variants(native.cpu_features())
+
+
+@pytest.fixture(scope="module")
+def builds() -> dict[str, object]:
+    return {variant: native.load_variant(variant) for variant in RUNNABLE}
+
+
+@pytest.mark.parametrize("variant", sorted(native.VARIANT_FLAGS))
+def test_every_variant_compiles(variant: str) -> None:
+    # The installer bundle ships all of them (packaging/tandem.spec), so
+    # each must build even where this CPU cannot run it.
+    path = native._find_or_build(variant)
+    assert path.stat().st_size > 0
+
+
+def test_the_cpu_runs_its_best_variant() -> None:
+    assert native.loaded_variant() == RUNNABLE[0]
+    assert native.cpu_variants({"avx2", "fma", "f16c"}) == ["avx2", "portable"]
+    vnni = {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"}
+    assert native.cpu_variants(vnni) == ["avx512vnni", "avx2", "portable"]
+    assert native.cpu_variants(set()) == ["portable"]
+
+
+def test_a_forced_variant_that_does_not_exist_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TANDEM_KERNEL_VARIANT", "avx9000")
+    with pytest.raises(native.NativeKernelError, match="avx9000"):
+        native.cpu_variants()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize(
+    ("rows", "cols", "inputs"),
+    [(1, 8, 32), (3, 52, 96), (4, 37, 64), (5, 16, 128), (9, 70, 256), (33, 136, 96), (130, 40, 64)],
+)
+def test_every_variant_gives_the_portable_bits(builds: dict, fmt: str, rows: int, cols: int, inputs: int) -> None:
+    gen = torch.Generator().manual_seed(rows * 1000 + cols)
+    weight = quantize(torch.randn(cols, inputs, generator=gen), fmt)
+    packed = pack_weight(weight)
+    x = torch.randn(rows, inputs, generator=gen)
+    x[0, 1] = 30.0  # an outlier: a coarse int8 step in its group
+    bias = torch.randn(cols, generator=gen)
+    outs = {
+        variant: native.quant_matmul(fmt, x, packed.data, packed.scales, packed.mins, bias, rows=cols, lib=lib)
+        for variant, lib in builds.items()
+    }
+    for variant, out in outs.items():
+        assert torch.equal(out, outs["portable"]), variant
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("input_op", ["rms_norm", "swiglu"])
+def test_fused_inputs_and_accumulation_give_the_portable_bits(builds: dict, fmt: str, input_op: str) -> None:
+    gen = torch.Generator().manual_seed(7)
+    weight = pack_weight(quantize(torch.randn(44, 128, generator=gen), fmt))
+    width = 256 if input_op == "swiglu" else 128
+    x = torch.randn(6, width, generator=gen)
+    norm = 1 + 0.1 * torch.randn(128, generator=gen)
+    residual = torch.randn(6, 44, generator=gen)
+    outs = {}
+    for variant, lib in builds.items():
+        out = residual.clone()
+        native.quant_matmul_into(
+            fmt, x, weight.data, weight.scales, weight.mins, None, out,
+            input_op=input_op, norm_weight=norm if input_op == "rms_norm" else None, eps=1e-5,
+            accumulate=True, lib=lib,
+        )
+        outs[variant] = out
+    for variant, out in outs.items():
+        assert torch.equal(out, outs["portable"]), variant
+    assert not torch.equal(outs["portable"], residual)
+
+
+def test_packing_keeps_every_weight_bit() -> None:
+    gen = torch.Generator().manual_seed(1)
+    for fmt in FORMATS:
+        for rows in (1, 8, 13, 64):
+            weight = quantize(torch.randn(rows, 96, generator=gen), fmt)
+            packed = pack_weight(weight)
+            assert packed.shape == weight.shape
+            back = packed.unpacked()
+            assert torch.equal(back.data, weight.data) and torch.equal(back.scales, weight.scales)
+            assert (back.mins is None) == (weight.mins is None)
+            if weight.mins is not None:
+                assert torch.equal(back.mins, weight.mins)
+            ids = torch.tensor([0, rows - 1])
+            assert torch.equal(take_rows(packed, ids), weight.dequantize()[ids])
+
+
+def test_a_packed_weight_with_a_wrong_shape_is_refused() -> None:
+    packed = pack_weight(quantize(torch.randn(16, 64), "q4_1"))
+    with pytest.raises(ValueError, match="octets"):
+        PackedQuantizedTensor("q4_1", packed.data, packed.scales, packed.mins, rows=17)
+    with pytest.raises(ValueError, match="scales"):
+        PackedQuantizedTensor("q4_1", packed.data, packed.scales[:, :1], packed.mins, rows=16)
