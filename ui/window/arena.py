@@ -269,6 +269,8 @@ class WindowArena:
             return
         # The votes queued a moment ago are written before they are read.
         await asyncio.to_thread(session.writer.flush, 5.0)
+        if self.leaderboard is not dialog:
+            return
         problems: list[str] = []
         try:
             votes = session.store.arena_votes(problems=problems)
@@ -276,7 +278,8 @@ class WindowArena:
             dialog.show_problem(f"The votes could not be read: {exc}")
             return
         rows = await asyncio.to_thread(leaderboard, votes)
-        dialog.show_rows(rows, votes, problems)
+        if self.leaderboard is dialog:  # not closed meanwhile
+            dialog.show_rows(rows, votes, problems)
 
 
 def _labels(arena: Arena) -> list[str]:
