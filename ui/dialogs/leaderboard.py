@@ -62,7 +62,6 @@ class LeaderboardDialog(QDialog):
             "Rating: Bradley–Terry on every vote, as the LMSYS arena computes it (1000 is the average contender); "
             "the interval is the middle 95% of 1000 resamples of the votes. A tie and “both bad” count as a tie.", self)
         self.note.setWordWrap(True)
-        self.note.setForegroundRole(self.note.foregroundRole())
         layout.addWidget(self.note)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close, self)
         self.export_buttons: dict[str, QPushButton] = {}
