@@ -28,8 +28,10 @@ DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZE_MODES = ("int8", "int4")
 QUANTIZED_COMPUTE = ("auto", "kernel", "dequantize")
-# What Engine(deterministic=None) means. Off: batch invariance costs more than
-# the 10% the project allows for a default (docs/benchmarks.md).
+# What Engine(deterministic=None) means. Off: on the float paths batch
+# invariance costs more than the 10% the project allows for a default
+# (docs/benchmarks.md). Quantized models on the CPU are batch invariant
+# either way (engine/kernels/native/quant_matmul.c).
 DETERMINISTIC_DEFAULT = False
 # Tokens one step may compute when max_batch_tokens is not set: a GPU is
 # still far from saturated at 2048, a CPU's step time grows with every token.
@@ -127,9 +129,10 @@ class EngineConfig:
     )
     deterministic: bool | None = _option(
         None, group=GROUP_MODEL, default_text=_deterministic_default,
-        help="reproducible replies: a request's output does not depend on what else runs "
-        "beside it in the batch, on chunking or on prefix-cache hits (batch-invariant "
-        "kernels, somewhat slower)",
+        help="reproducible replies on every path: a request's output does not depend on what "
+        "else runs beside it in the batch, on chunking or on prefix-cache hits (batch-invariant "
+        "kernels for float weights and the GPU, somewhat slower; quantized models on the CPU "
+        "are batch invariant without it)",
     )
     kv_pages: int | None = _option(
         None, group=GROUP_KV, metavar="N", minimum=1,
