@@ -325,6 +325,11 @@ def ratio(a: dict, b: dict) -> dict:
     return {k: round(a[k] / b[k], 2) for k in b if k in a and b[k]}
 
 
+# Other programs' average busy cores above which a run is not a quiet one: on two
+# cores, a neighbour using a tenth of one already stalls a thread at barriers.
+QUIET_CORES = 0.1
+
+
 def report(result: dict) -> str:
     """The JSON's figures as a reader wants them: tables, ratios, goals, the CPU line."""
     sizes = list(result["decode_tok_s"]["tandem"])
@@ -355,6 +360,11 @@ def report(result: dict) -> str:
     if "b1_share_of_read_limit" in result:
         lines.append("B=1 share of the read limit: " + ", ".join(
             f"{peer} {pct}%" for peer, pct in result["b1_share_of_read_limit"].items()))
+    busy = {peer: info["other_busy_cores"] for peer, info in result["engines"].items()
+            if (info.get("other_busy_cores") or 0) > QUIET_CORES}
+    if busy:
+        lines.append(f"NOT QUIET: other programs kept cores busy during the best runs of {busy}; "
+                     "these figures are partly the neighbours'. Take final figures on an idle machine.")
     if "llamacpp_skipped" in result:
         lines.append(f"llama.cpp skipped: {result['llamacpp_skipped']}")
     for goal in result.get("goals", []):
@@ -492,6 +502,7 @@ def main() -> None:
             peer: round(100 * result["decode_tok_s"][peer]["1"] / limit, 1) for peer in readers
         }
     result["goals"] = goals(result)
+    result["quiet"] = all((info.get("other_busy_cores") or 0) <= QUIET_CORES for info in result["engines"].values())
     result["machine"] = machine(args.threads)
     if args.adaptive_threads:
         result["machine"]["threads"] = f"adaptive (Tandem), {args.threads} (peers)"
