@@ -51,19 +51,26 @@ from bench.common import (  # noqa: E402
 
 # --- Tandem, in a worker process ---------------------------------------------------------------
 
-def tandem_run(engine, batch: int, new_tokens: int) -> tuple[float, float]:
-    """(decode tok/s, prefill tok/s) for one batch, prefix cache emptied first."""
+def tandem_run(engine, batch: int, new_tokens: int) -> tuple[float, float, int]:
+    """(decode tok/s, prefill tok/s, prompt tokens shared) for one batch, prefix cache emptied first.
+
+    Prefill counts the prompt tokens the engine computed: the chat template's
+    system prompt is the same in every sequence, and a batch computes the
+    pages they share once, where the peers compute every token. The tokens so
+    shared are returned beside it."""
     from engine import SamplingParams
 
     engine.reset_prefix_cache()
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+    computed_before = engine.stats().prompt_tokens_computed
     start = time.perf_counter()
     outputs = engine.generate_outputs(chat_prompts(batch), params)
     end = time.perf_counter()
+    computed = engine.stats().prompt_tokens_computed - computed_before
     first = max(o.metrics.first_token_time for o in outputs)
     prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs)
     decoded = sum(len(o.token_ids) - 1 for o in outputs)
-    return decoded / (end - first), prompt_tokens / (first - start)
+    return decoded / (end - first), computed / (first - start), prompt_tokens - computed
 
 
 def tandem_cpu_ms_per_token(engine, batch: int, new_tokens: int) -> float:
@@ -169,6 +176,7 @@ def tandem_worker(name: str, args: argparse.Namespace, sizes: list[int]) -> dict
         info["rss_mb"] = rss
     info["decode_tok_s"] = {str(b): round(max(r[0] for r in runs[b]), 1) for b in sizes}
     info["prefill_tok_s"] = {str(b): round(max(r[1] for r in runs[b]), 1) for b in sizes}
+    info["prompt_tokens_shared"] = {str(b): runs[b][0][2] for b in sizes}
     return info
 
 
@@ -355,6 +363,10 @@ def report(result: dict) -> str:
         if key.startswith("ratio_vs_"):
             lines.append(f"tandem / {key.removeprefix('ratio_vs_'):<{width - 9}}"
                          + "".join(f"{value.get(b, float('nan')):>9.2f}" for b in sizes))
+    shared = result["engines"]["tandem"].get("prompt_tokens_shared")
+    if shared and any(shared.values()):
+        lines.append("tandem prefill counts computed tokens; prompt tokens shared in the batch, not computed: "
+                     + ", ".join(f"B={b} {n}" for b, n in shared.items()))
     if "transformers_fastest" in result:
         lines.append("fastest transformers: " + ", ".join(f"B={b} {c}" for b, c in result["transformers_fastest"].items()))
     if "b1_share_of_read_limit" in result:
