@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import cpu_description  # noqa: E402
+from bench.common import cpu_description, machine, machine_line  # noqa: E402
 
 try:
     import fcntl
@@ -106,7 +106,7 @@ def _build_into(folder: Path, log) -> None:
     compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     missing = [what for what, found in (("cmake (pip install cmake)", cmake), ("a C++ compiler", compiler)) if not found]
     if missing:
-        raise Unavailable(f"llama.cpp not built: no {' and no '.join(missing)} on this machine")
+        raise Unavailable(f"llama.cpp not built: this machine lacks {' and '.join(missing)}")
     sdist = _sdist(log)
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         with tarfile.open(sdist) as archive:
@@ -221,7 +221,9 @@ def main() -> None:
     sizes = [int(s) for s in args.batch_sizes.split(",")]
     result = measure(gguf, sizes, args.threads, args.prompt_tokens, args.new_tokens, args.repeats)
     result["gguf"] = str(gguf)
+    result["machine"] = machine(args.threads)
     print(json.dumps(result))
+    print(f"machine: {machine_line(result['machine'])}", file=sys.stderr)
 
 
 if __name__ == "__main__":
