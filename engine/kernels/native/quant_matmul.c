@@ -201,10 +201,15 @@ static inline __attribute__((always_inline)) void tile(const PackedWeight *w, co
     for (int r = 0; r < MR; r++)
         for (int o = 0; o < NO; o++) acc[r][o] = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi8(0x0F);
+    /* vpdpbusd accumulates in place: with few rows and octets in the tile,
+     * one accumulator each would be a chain of 8 dependent multiply-adds
+     * per group, so small tiles alternate two (integer sums: exact in any
+     * order). */
+    const int split = TANDEM_SIMD >= 2 && MR * NO <= 2;
     for (int64_t g = 0; g < G; g++) {
-        __m256i p[4][2];
+        __m256i p[4][2], q[4][2];
         for (int r = 0; r < MR; r++)
-            for (int o = 0; o < NO; o++) p[r][o] = _mm256_setzero_si256();
+            for (int o = 0; o < NO; o++) p[r][o] = q[r][o] = _mm256_setzero_si256();
         if (w->fmt == FMT_Q8_0) {
             for (int j = 0; j < 8; j++) {
                 __m256i wv[2], wabs[2];
@@ -214,7 +219,11 @@ static inline __attribute__((always_inline)) void tile(const PackedWeight *w, co
                 }
                 for (int r = 0; r < MR; r++) {
                     const __m256i xb = _mm256_set1_epi32(load_piece(x->q + (r0 + r) * x->K + g * GROUP + 4 * j));
-                    for (int o = 0; o < NO; o++) p[r][o] = dot_u8s8(p[r][o], wabs[o], _mm256_sign_epi8(xb, wv[o]));
+                    for (int o = 0; o < NO; o++) {
+                        const __m256i signed_x = _mm256_sign_epi8(xb, wv[o]);
+                        if (split && (j & 1)) q[r][o] = dot_u8s8(q[r][o], wabs[o], signed_x);
+                        else p[r][o] = dot_u8s8(p[r][o], wabs[o], signed_x);
+                    }
                 }
             }
         } else {
@@ -242,7 +251,8 @@ static inline __attribute__((always_inline)) void tile(const PackedWeight *w, co
                         h[r][o] = _mm256_add_epi16(h[r][o], _mm256_maddubs_epi16(hi[o], xh));
 #else
                         p[r][o] = dot_u8s8(p[r][o], lo[o], xl);
-                        p[r][o] = dot_u8s8(p[r][o], hi[o], xh);
+                        if (split) q[r][o] = dot_u8s8(q[r][o], hi[o], xh);
+                        else p[r][o] = dot_u8s8(p[r][o], hi[o], xh);
 #endif
                     }
                 }
@@ -261,7 +271,7 @@ static inline __attribute__((always_inline)) void tile(const PackedWeight *w, co
             const int64_t at = (r0 + r) * G + g;
             const __m256 dx = _mm256_set1_ps(x->d[at]);
             for (int o = 0; o < NO; o++) {
-                __m256i P = p[r][o];
+                __m256i P = split ? _mm256_add_epi32(p[r][o], q[r][o]) : p[r][o];
                 if (w->fmt == FMT_Q4_0) P = _mm256_sub_epi32(P, _mm256_set1_epi32(8 * x->sum[at]));
                 acc[r][o] = _mm256_fmadd_ps(_mm256_mul_ps(dw[o], dx), _mm256_cvtepi32_ps(P), acc[r][o]);
                 if (w->fmt == FMT_Q4_1) acc[r][o] = _mm256_fmadd_ps(mw[o], _mm256_set1_ps(x->dsum[at]), acc[r][o]);
@@ -302,7 +312,11 @@ static void octets_product(const PackedWeight *w, const QuantizedRows *x, int64_
         const int64_t mr = M - r0 < TILE_ROWS ? M - r0 : TILE_ROWS;
         int64_t octet = first;
 #if TILE_OCTETS == 2
-        for (; octet + 2 <= last; octet += 2) {
+        /* Two octets per tile where that measured faster: 4-bit weights and
+         * more than one row (bench/quant_kernels.py; for q8_0's larger
+         * pieces and for a single row, one octet streams the weights
+         * better). */
+        for (; w->fmt != FMT_Q8_0 && mr > 1 && octet + 2 <= last; octet += 2) {
             switch (mr) {
             case 4: TILE_CASE(4, 2); break;
             case 3: TILE_CASE(3, 2); break;
