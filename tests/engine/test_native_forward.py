@@ -63,11 +63,14 @@ def test_paged_attention_matches_a_plain_softmax_over_the_pages(window: int | No
             torch.testing.assert_close(out[t, hq * dim : (hq + 1) * dim], expected, atol=1e-5, rtol=1e-5)
 
 
-def test_a_token_attends_with_the_same_bits_in_any_step() -> None:
+# GQA groups of 3 and 8 query heads (the values are read for up to 4 rows
+# at a time), head sizes with and without a tail past whole vectors.
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (8, 1, 40), (4, 2, 36)])
+def test_a_token_attends_with_the_same_bits_in_any_step(heads: int, kv_heads: int, dim: int) -> None:
     # The same query row alone (a decode), inside a prefill chunk, with other
     # sequences around it and from every build: one order of arithmetic.
     gen = torch.Generator().manual_seed(4)
-    heads, kv_heads, dim, page = 9, 3, 64, 16
+    page = 16
     k_layer = torch.randn(40 * kv_heads, page, dim, generator=gen)
     v_layer = torch.randn(40 * kv_heads, page, dim, generator=gen)
     table = torch.tensor([[5, 2, 30, 11, 7], [9, 1, 3, 0, 0]])
@@ -77,6 +80,17 @@ def test_a_token_attends_with_the_same_bits_in_any_step() -> None:
     together = torch.empty(70, heads * dim)
     native.paged_attention(qkv, heads, kv_heads, dim, positions, row_table, table, k_layer, v_layer, page, None,
                            0.125, together)
+    reference = torch.empty_like(together)
+    for t, pos in enumerate(positions.tolist()):
+        pages = table[row_table[t]]
+        q = qkv[t, : heads * dim].view(heads, dim)
+        for hq in range(heads):
+            h = hq // (heads // kv_heads)
+            rows = [(pages[j // page] * kv_heads + h, j % page) for j in range(pos + 1)]
+            keys = torch.stack([k_layer[r, s] for r, s in rows])
+            values = torch.stack([v_layer[r, s] for r, s in rows])
+            reference[t, hq * dim : (hq + 1) * dim] = torch.softmax(keys @ q[hq] * 0.125, -1) @ values
+    torch.testing.assert_close(together, reference, atol=1e-5, rtol=1e-5)
     for t in (0, 33, 66, 68):
         alone = torch.empty(1, heads * dim)
         native.paged_attention(qkv[t : t + 1], heads, kv_heads, dim, positions[t : t + 1],

@@ -20,6 +20,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #endif
@@ -33,26 +34,98 @@ static void rotate_half(float *x, const float *cos, const float *sin, int64_t D)
     }
 }
 
-/* The 8-lane sum of the SIMD builds, followed exactly by the portable one,
- * so attention has the same bits from every build (as the products do). */
+/* The arithmetic of one score and one softmax weight, in an order every
+ * build follows exactly (the portable C spells out what the SIMD lanes
+ * do), so attention has the same bits from every build, as the products
+ * do.
+ *
+ * dot(q, k): lane l (0..7) sums q[i] * k[i] over i = l, l + 8, ... by fma,
+ * then the lanes add as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)),
+ * then any tail of n % 8 adds in order. That tree is what the 8-key
+ * transposing reduction of the AVX2 build computes per key. */
+static inline float lane_tree(const float l[8]) {
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
 static inline float dot(const float *a, const float *b, int64_t n) {
     int64_t i = 0;
+    float lane[8];
 #if defined(__AVX2__) && defined(__FMA__)
     __m256 acc = _mm256_setzero_ps();
     for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
-    float s = _mm_cvtss_f32(s4);
+    _mm256_storeu_ps(lane, acc);
 #else
-    float lane[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    for (int l = 0; l < 8; l++) lane[l] = 0.0f;
     for (; i + 8 <= n; i += 8)
         for (int l = 0; l < 8; l++) lane[l] = fmaf(a[i + l], b[i + l], lane[l]);
-    float s = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
 #endif
+    float s = lane_tree(lane);
     for (; i < n; i++) s += a[i] * b[i];
     return s;
 }
+
+/* e^x for x <= 0 (softmax weights), by one fixed sequence of float
+ * operations: x = n ln2 + r (Cody-Waite, n = round(x / ln2)), e^r by a
+ * degree-6 polynomial (error under 2e-7 relative), times 2^n. Below -87
+ * it is e^-87 (~1.6e-38): a weight too small to matter, kept normal. */
+#define EXP_LOWEST -87.0f
+#define LOG2E 1.44269504088896341f
+#define LN2_HI 0.693359375f
+#define LN2_LO -2.12194440e-4f
+
+static inline float exp_fixed(float x) {
+    x = x < EXP_LOWEST ? EXP_LOWEST : x;
+    const float n = rintf(x * LOG2E);
+    float r = fmaf(n, -LN2_HI, x);
+    r = fmaf(n, -LN2_LO, r);
+    float p = 1.0f / 720.0f;
+    p = fmaf(p, r, 1.0f / 120.0f);
+    p = fmaf(p, r, 1.0f / 24.0f);
+    p = fmaf(p, r, 1.0f / 6.0f);
+    p = fmaf(p, r, 0.5f);
+    p = fmaf(p, r, 1.0f);
+    p = fmaf(p, r, 1.0f);
+    const int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+static inline __m256 exp_fixed8(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(EXP_LOWEST));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_HI), x);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_LO), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+/* dot() of q with 8 keys at once: the same lanes, reduced by a transposing
+ * tree (hadd pairs lanes 0+1, 2+3, ... exactly as lane_tree does). Needs
+ * n % 8 == 0. */
+static inline __m256 dot8(const float *q, const float *const key[8], int64_t n) {
+    __m256 acc[8];
+    for (int k = 0; k < 8; k++) acc[k] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + i);
+        for (int k = 0; k < 8; k++) acc[k] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(key[k] + i), acc[k]);
+    }
+    /* hadd(a, b) = [a0+a1, a2+a3, b0+b1, b2+b3 | a4+a5, a6+a7, b4+b5, b6+b7] */
+    const __m256 h01 = _mm256_hadd_ps(acc[0], acc[1]), h23 = _mm256_hadd_ps(acc[2], acc[3]);
+    const __m256 h45 = _mm256_hadd_ps(acc[4], acc[5]), h67 = _mm256_hadd_ps(acc[6], acc[7]);
+    /* lanes: [k0 (01+23), k1, k2, k3 | k0 (45+67), k1, k2, k3] and the same for k4..k7 */
+    const __m256 g0 = _mm256_hadd_ps(h01, h23), g1 = _mm256_hadd_ps(h45, h67);
+    return _mm256_add_ps(_mm256_permute2f128_ps(g0, g1, 0x20), _mm256_permute2f128_ps(g0, g1, 0x31));
+}
+#endif
 
 /* Every row of qkv: q and k rotated in place, k and v written to the cache
  * rows write_rows[t * Hkv + h] (in a layer's [rows * page_size, head_dim]
@@ -79,42 +152,92 @@ int tandem_rope_write_kv(int64_t T, int64_t Hq, int64_t Hkv, int64_t D, float *q
     return 0;
 }
 
-/* One query row against keys [first, length) of its sequence: softmax of
- * the scaled dot products, times the values, into o[D]. Scores are
- * computed four keys at a time (independent sums, each in dot()'s order). */
-static void attend(const float *q, const float *k_layer, const float *v_layer, const int64_t *pages, int64_t Hkv,
-                   int64_t h, int64_t D, int64_t page_size, int64_t first, int64_t length, float scale,
-                   float *scores, float *o) {
+/* Softmax weights of one query row against keys [first, length): the
+ * scaled dot products (dot(), or dot8() eight keys at a time: the same
+ * bits), exp_fixed() of each minus their maximum, each divided by their
+ * total summed in key order. Into scores[first .. length). `rows` query
+ * rows of one GQA group share the keys, so each block of keys is read
+ * once for all of them; every row's arithmetic is its own. */
+static void softmax_weights(const float *const q[], int rows, const float *k_layer, const int64_t *pages,
+                            int64_t Hkv, int64_t h, int64_t D, int64_t page_size, int64_t first, int64_t length,
+                            float scale, float *const scores[]) {
     const int64_t row_elems = page_size * D;
 #define KEY_AT(layer, j) ((layer) + (pages[(j) / page_size] * Hkv + h) * row_elems + ((j) % page_size) * D)
-    float top = -INFINITY;
-    int64_t j = first;
-    for (; j + 4 <= length; j += 4) {
-        const float s0 = dot(q, KEY_AT(k_layer, j), D) * scale;
-        const float s1 = dot(q, KEY_AT(k_layer, j + 1), D) * scale;
-        const float s2 = dot(q, KEY_AT(k_layer, j + 2), D) * scale;
-        const float s3 = dot(q, KEY_AT(k_layer, j + 3), D) * scale;
-        scores[j] = s0, scores[j + 1] = s1, scores[j + 2] = s2, scores[j + 3] = s3;
-        top = s0 > top ? s0 : top;
-        top = s1 > top ? s1 : top;
-        top = s2 > top ? s2 : top;
-        top = s3 > top ? s3 : top;
+    for (int r = 0; r < rows; r++) {
+        float *sc = scores[r];
+        int64_t j = first;
+        float top = -INFINITY;
+#if defined(__AVX2__) && defined(__FMA__)
+        if (D % 8 == 0) {
+            __m256 top8 = _mm256_set1_ps(-INFINITY);
+            for (; j + 8 <= length; j += 8) {
+                const float *keys[8];
+                for (int k = 0; k < 8; k++) keys[k] = KEY_AT(k_layer, j + k);
+                const __m256 s = _mm256_mul_ps(dot8(q[r], keys, D), _mm256_set1_ps(scale));
+                _mm256_storeu_ps(sc + j, s);
+                top8 = _mm256_max_ps(top8, s);
+            }
+            float lanes[8];
+            _mm256_storeu_ps(lanes, top8);
+            for (int k = 0; k < 8; k++) top = lanes[k] > top ? lanes[k] : top;
+        }
+#endif
+        for (; j < length; j++) {
+            sc[j] = dot(q[r], KEY_AT(k_layer, j), D) * scale;
+            top = sc[j] > top ? sc[j] : top;
+        }
+        j = first;
+#if defined(__AVX2__) && defined(__FMA__)
+        for (; j + 8 <= length; j += 8)
+            _mm256_storeu_ps(sc + j, exp_fixed8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), _mm256_set1_ps(top))));
+#endif
+        for (; j < length; j++) sc[j] = exp_fixed(sc[j] - top);
+        float total = 0.0f;
+        for (j = first; j < length; j++) total += sc[j];
+        j = first;
+#if defined(__AVX2__) && defined(__FMA__)
+        for (; j + 8 <= length; j += 8)
+            _mm256_storeu_ps(sc + j, _mm256_div_ps(_mm256_loadu_ps(sc + j), _mm256_set1_ps(total)));
+#endif
+        for (; j < length; j++) sc[j] = sc[j] / total;
     }
-    for (; j < length; j++) {
-        const float s = dot(q, KEY_AT(k_layer, j), D) * scale;
-        scores[j] = s;
-        top = s > top ? s : top;
+}
+
+/* out[r][i] = sum over keys j in order of scores[r][j] * value_j[i], each
+ * dimension one fma chain; the values are read once for all rows. */
+static void weighted_values(int rows, const float *v_layer, const int64_t *pages, int64_t Hkv, int64_t h, int64_t D,
+                            int64_t page_size, int64_t first, int64_t length, float *const scores[], float *const out[]) {
+    const int64_t row_elems = page_size * D;
+    int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    for (; i + 16 <= D; i += 16) {
+        for (int r0 = 0; r0 < rows; r0 += 4) {
+            const int n = rows - r0 < 4 ? rows - r0 : 4;
+            __m256 a[4][2];
+            for (int r = 0; r < 4; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
+            for (int64_t j = first; j < length; j++) {
+                const float *value = KEY_AT(v_layer, j) + i;
+                const __m256 v0 = _mm256_loadu_ps(value), v1 = _mm256_loadu_ps(value + 8);
+                for (int r = 0; r < 4; r++) {
+                    if (r >= n) break;
+                    const __m256 p = _mm256_set1_ps(scores[r0 + r][j]);
+                    a[r][0] = _mm256_fmadd_ps(p, v0, a[r][0]);
+                    a[r][1] = _mm256_fmadd_ps(p, v1, a[r][1]);
+                }
+            }
+            for (int r = 0; r < n; r++) {
+                _mm256_storeu_ps(out[r0 + r] + i, a[r][0]);
+                _mm256_storeu_ps(out[r0 + r] + i + 8, a[r][1]);
+            }
+        }
     }
-    float total = 0.0f;
-    for (j = first; j < length; j++) {
-        scores[j] = expf(scores[j] - top);
-        total += scores[j];
-    }
-    for (int64_t i = 0; i < D; i++) o[i] = 0.0f;
-    for (j = first; j < length; j++) {
-        const float *value = KEY_AT(v_layer, j);
-        const float p = scores[j] / total;
-        for (int64_t i = 0; i < D; i++) o[i] += p * value[i];
+#endif
+    for (; i < D; i++) {
+        for (int r = 0; r < rows; r++) {
+            float acc = 0.0f;
+            for (int64_t j = first; j < length; j++) acc = fmaf(scores[r][j], KEY_AT(v_layer, j)[i], acc);
+            out[r][i] = acc;
+        }
     }
 #undef KEY_AT
 }
@@ -136,10 +259,11 @@ int tandem_paged_attention(int64_t T, int64_t Hq, int64_t Hkv, int64_t D, const 
         longest = positions[t] + 1 > longest ? positions[t] + 1 : longest;
     }
     const int64_t group = Hq / Hkv;
+    if (group > 64) return 1;
     int failed = 0;
     #pragma omp parallel num_threads(threads) if (threads > 1 && T * Hq * longest >= 4096)
     {
-        float *scores = malloc((size_t)longest * sizeof(float));
+        float *scores = malloc((size_t)(group * longest) * sizeof(float));
         if (!scores) {
             #pragma omp atomic write
             failed = 1;
@@ -147,12 +271,22 @@ int tandem_paged_attention(int64_t T, int64_t Hq, int64_t Hkv, int64_t D, const 
         /* Interleaved: a prefill chunk's later rows see more keys. */
         #pragma omp for schedule(static, 1) collapse(2)
         for (int64_t t = 0; t < T; t++) {
-            for (int64_t hq = 0; hq < Hq; hq++) {
+            for (int64_t h = 0; h < Hkv; h++) {
                 if (!scores) continue;
                 const int64_t length = positions[t] + 1;
                 const int64_t first = window > 0 && length > window ? length - window : 0;
-                attend(q + t * q_stride + hq * D, k_layer, v_layer, page_table + row_table[t] * max_pages, Hkv,
-                       hq / group, D, page_size, first, length, scale, scores, out + t * out_stride + hq * D);
+                const float *q_rows[64];
+                float *score_rows[64], *out_rows[64];
+                for (int64_t g = 0; g < group; g++) {
+                    q_rows[g] = q + t * q_stride + (h * group + g) * D;
+                    score_rows[g] = scores + g * longest;
+                    out_rows[g] = out + t * out_stride + (h * group + g) * D;
+                }
+                const int64_t *pages = page_table + row_table[t] * max_pages;
+                softmax_weights(q_rows, (int)group, k_layer, pages, Hkv, h, D, page_size, first, length, scale,
+                                score_rows);
+                weighted_values((int)group, v_layer, pages, Hkv, h, D, page_size, first, length, score_rows,
+                                out_rows);
             }
         }
         free(scores);
