@@ -145,6 +145,12 @@ def test_the_frozen_app_passes_the_smoke_test_and_a_second_start_finds_its_chats
     chats = json.loads(listing.stdout)
     smoke = [c for c in chats if c["title"].startswith("Smoke test: ")]
     assert len(smoke) == 2 and all(c["message_count"] == 2 and c["preview"].strip() for c in smoke)
+    # The arena's leaderboard is read by the frozen program too (no votes yet: an empty list).
+    arena = subprocess.run([str(bundle / "tandem"), "arena", "list", "--json"],
+                           env=bare_env(home, TANDEM_DATA_DIR=str(out / "data")),
+                           capture_output=True, text=True, timeout=300)
+    assert arena.returncode == 0, arena.stderr
+    assert json.loads(arena.stdout) == []
     # Nothing was written to the real home: settings went to a temporary folder, data to `out`.
     assert not any(home.rglob("chats.sqlite3")) and not any(home.rglob("settings.json"))
 
