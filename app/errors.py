@@ -96,3 +96,15 @@ class ContextFullError(AppError):
             f"{max_tokens}, but the model's context holds {context_limit}. Lower the pane's "
             "maximum reply length, or fork the pane from an earlier message to continue with less history."
         )
+
+
+class ArenaError(AppError):
+    """The arena cannot do that now (too few panes, a vote before the replies ended, ...)."""
+
+
+class SweepError(AppError):
+    """The sweep's values cannot be used (empty, malformed, out of range, too many)."""
+
+
+class CarryError(AppError):
+    """The reply cannot be used in the other panes (it is not a finished last reply)."""

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from app.arena.labels import arena_labels, draw_order
 from app.arena.votes import OUTCOMES, ArenaSide, ArenaVote, contender_settings
-from app.errors import AppError
+from app.errors import ArenaError
 
 if TYPE_CHECKING:
     from app.workspace.pane import Pane
@@ -34,10 +34,6 @@ if TYPE_CHECKING:
 MIN_ARENA_PANES = 2
 # Winner keys 1..N, then tie and all-bad on the next two digits: at most 1..9.
 MAX_ARENA_PANES = 7
-
-
-class ArenaError(AppError):
-    """The arena cannot do that now (too few panes, a vote before the replies ended, ...)."""
 
 
 @dataclass(frozen=True, slots=True)

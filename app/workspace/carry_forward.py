@@ -15,17 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from app.errors import AppError
+from app.errors import CarryError
 
 if TYPE_CHECKING:
     from engine.model.tokenizer import Tokenizer
 
     from app.workspace.conversation import Message
     from app.workspace.pane import Pane
-
-
-class CarryError(AppError):
-    """The reply cannot be used in the other panes (it is not a finished last reply)."""
 
 
 @dataclass(slots=True)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from engine.params import InvalidSamplingParams, SamplingParams, sampling_field
 
-from app.errors import AppError
+from app.errors import SweepError
 from app.workspace.conversation import Conversation
 
 if TYPE_CHECKING:
@@ -30,10 +30,6 @@ if TYPE_CHECKING:
 MAX_SWEEP_VALUES = 8
 # A seed range ("1-4") is written with a hyphen or an en dash.
 _RANGE = re.compile(r"^(\d+)[-–](\d+)$")
-
-
-class SweepError(AppError):
-    """The sweep's values cannot be used (empty, malformed, out of range, too many)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,8 @@ from app.arena.votes import contender_settings
 from app.settings import Settings
 from app.store.chat_store import ChatStore
 from app.store.session import ChatSession
-from app.workspace.arena import Arena, ArenaError, vote_choices
+from app.errors import ArenaError
+from app.workspace.arena import Arena, vote_choices
 from app.workspace.workspace import Workspace
 from engine import Engine, SamplingParams
 

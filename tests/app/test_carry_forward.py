@@ -16,7 +16,7 @@ from app.errors import PaneBusyError
 from app.events import ReplyVersionShown
 from app.settings import Settings
 from app.store.session import ChatSession
-from app.workspace.carry_forward import CarryError
+from app.errors import CarryError
 from app.workspace.workspace import Workspace
 from engine import SamplingParams
 

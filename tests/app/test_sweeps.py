@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from app.settings import Settings
-from app.workspace.sweep import MAX_SWEEP_VALUES, SweepError, open_sweep, parse_values
+from app.errors import SweepError
+from app.workspace.sweep import MAX_SWEEP_VALUES, open_sweep, parse_values
 from app.workspace.workspace import Workspace
 from engine import Engine, SamplingParams
 

@@ -19,7 +19,8 @@ from PySide6.QtWidgets import (
 
 from engine.params import SamplingParams
 
-from app.workspace.sweep import SWEEP_PARAMETERS, SweepError, parse_values
+from app.errors import SweepError
+from app.workspace.sweep import SWEEP_PARAMETERS, parse_values
 from ui.theme import warning_color
 
 

@@ -14,7 +14,8 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from app.arena.votes import contender_name
-from app.workspace.arena import Arena, ArenaError, vote_choices
+from app.errors import ArenaError
+from app.workspace.arena import Arena, vote_choices
 from app.workspace.conversation import Conversation
 
 if TYPE_CHECKING:
