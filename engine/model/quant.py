@@ -386,7 +386,9 @@ class QuantLinear:
 def take_rows(weight: QuantizedTensor, index: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Dequantized rows `index` (an embedding lookup), [*index.shape, cols]."""
     if isinstance(weight, PackedQuantizedTensor) and native.available():
-        rows = native.quant_take_packed(weight.format, index, weight.data, weight.scales, weight.mins, weight.cols)
+        rows = native.quant_take_rows(
+            weight.format, index, weight.data, weight.scales, weight.mins, weight.cols, packed=True
+        )
         rows = rows if dtype == torch.float32 else rows.to(dtype)
         return rows.view(*index.shape, weight.cols)
     if weight.data.device.type == "cpu" and native.available():

@@ -414,32 +414,20 @@ def rope_write_kv(
 
 
 def quant_take_rows(
-    fmt: str, index: torch.Tensor, data: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None, cols: int
+    fmt: str, index: torch.Tensor, data: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None, cols: int,
+    *, packed: bool = False,
 ) -> torch.Tensor:
-    """Dequantized float32 rows `index` of a quantized table, [len(index), cols]."""
+    """Dequantized float32 rows `index` of a quantized table, [len(index), cols];
+    `packed`: the table is in the kernels' packed layout (PackedQuantizedTensor)."""
     lib = library()
+    take = lib.tandem_quant_take_packed if packed else lib.tandem_quant_take_rows
     flat = index.reshape(-1).to(torch.int64).contiguous()
     out = torch.empty(flat.numel(), cols, dtype=torch.float32)
-    status = lib.tandem_quant_take_rows(
+    status = take(
         FORMAT_CODES[fmt], flat.numel(), flat.data_ptr(), cols,
         data.data_ptr(), scales.data_ptr(), _pointer(mins), out.data_ptr(),
     )
-    _check(status, "tandem_quant_take_rows")
-    return out
-
-
-def quant_take_packed(
-    fmt: str, index: torch.Tensor, data: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None, cols: int
-) -> torch.Tensor:
-    """Dequantized float32 rows `index` of a packed table, [len(index), cols]."""
-    lib = library()
-    flat = index.reshape(-1).to(torch.int64).contiguous()
-    out = torch.empty(flat.numel(), cols, dtype=torch.float32)
-    status = lib.tandem_quant_take_packed(
-        FORMAT_CODES[fmt], flat.numel(), flat.data_ptr(), cols,
-        data.data_ptr(), scales.data_ptr(), _pointer(mins), out.data_ptr(),
-    )
-    _check(status, "tandem_quant_take_packed")
+    _check(status, "tandem_quant_take_packed" if packed else "tandem_quant_take_rows")
     return out
 
 
