@@ -158,11 +158,8 @@ int tandem_rope_write_kv(int64_t T, int64_t Hq, int64_t Hkv, int64_t D, float *q
  * total summed in key order. Into scores[first .. length). `rows` query
  * rows of one GQA group share the keys, so each block of keys is read
  * once for all of them; every row's arithmetic is its own. */
-static void softmax_weights(const float *const q[], int rows, const float *k_layer, const int64_t *pages,
-                            int64_t Hkv, int64_t h, int64_t D, int64_t page_size, int64_t first, int64_t length,
-                            float scale, float *const scores[]) {
-    const int64_t row_elems = page_size * D;
-#define KEY_AT(layer, j) ((layer) + (pages[(j) / page_size] * Hkv + h) * row_elems + ((j) % page_size) * D)
+static void softmax_weights(const float *const q[], int rows, const float *const *key, int64_t D, int64_t first,
+                            int64_t length, float scale, float *const scores[]) {
     for (int r = 0; r < rows; r++) {
         float *sc = scores[r];
         int64_t j = first;
@@ -172,7 +169,7 @@ static void softmax_weights(const float *const q[], int rows, const float *k_lay
             __m256 top8 = _mm256_set1_ps(-INFINITY);
             for (; j + 8 <= length; j += 8) {
                 const float *keys[8];
-                for (int k = 0; k < 8; k++) keys[k] = KEY_AT(k_layer, j + k);
+                for (int k = 0; k < 8; k++) keys[k] = key[j + k];
                 const __m256 s = _mm256_mul_ps(dot8(q[r], keys, D), _mm256_set1_ps(scale));
                 _mm256_storeu_ps(sc + j, s);
                 top8 = _mm256_max_ps(top8, s);
@@ -183,7 +180,7 @@ static void softmax_weights(const float *const q[], int rows, const float *k_lay
         }
 #endif
         for (; j < length; j++) {
-            sc[j] = dot(q[r], KEY_AT(k_layer, j), D) * scale;
+            sc[j] = dot(q[r], key[j], D) * scale;
             top = sc[j] > top ? sc[j] : top;
         }
         j = first;
@@ -205,9 +202,8 @@ static void softmax_weights(const float *const q[], int rows, const float *k_lay
 
 /* out[r][i] = sum over keys j in order of scores[r][j] * value_j[i], each
  * dimension one fma chain; the values are read once for all rows. */
-static void weighted_values(int rows, const float *v_layer, const int64_t *pages, int64_t Hkv, int64_t h, int64_t D,
-                            int64_t page_size, int64_t first, int64_t length, float *const scores[], float *const out[]) {
-    const int64_t row_elems = page_size * D;
+static void weighted_values(int rows, const float *const *value_at, int64_t D, int64_t first, int64_t length,
+                            float *const scores[], float *const out[]) {
     int64_t i = 0;
 #if defined(__AVX2__) && defined(__FMA__)
     for (; i + 16 <= D; i += 16) {
@@ -216,7 +212,7 @@ static void weighted_values(int rows, const float *v_layer, const int64_t *pages
             __m256 a[4][2];
             for (int r = 0; r < 4; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
             for (int64_t j = first; j < length; j++) {
-                const float *value = KEY_AT(v_layer, j) + i;
+                const float *value = value_at[j] + i;
                 const __m256 v0 = _mm256_loadu_ps(value), v1 = _mm256_loadu_ps(value + 8);
                 for (int r = 0; r < 4; r++) {
                     if (r >= n) break;
@@ -235,11 +231,28 @@ static void weighted_values(int rows, const float *v_layer, const int64_t *pages
     for (; i < D; i++) {
         for (int r = 0; r < rows; r++) {
             float acc = 0.0f;
-            for (int64_t j = first; j < length; j++) acc = fmaf(scores[r][j], KEY_AT(v_layer, j)[i], acc);
+            for (int64_t j = first; j < length; j++) acc = fmaf(scores[r][j], value_at[j][i], acc);
             out[r][i] = acc;
         }
     }
-#undef KEY_AT
+}
+
+/* Where each key and value of one sequence's KV head lies, for keys
+ * [first, length): walked page by page, no division per key. */
+static void locate_keys(const float *k_layer, const float *v_layer, const int64_t *pages, int64_t Hkv, int64_t h,
+                        int64_t D, int64_t page_size, int64_t first, int64_t length, const float **key,
+                        const float **value) {
+    const int64_t row_elems = page_size * D;
+    int64_t j = first, page = first / page_size, slot = first % page_size;
+    while (j < length) {
+        const int64_t row = (pages[page] * Hkv + h) * row_elems;
+        for (; slot < page_size && j < length; slot++, j++) {
+            key[j] = k_layer + row + slot * D;
+            value[j] = v_layer + row + slot * D;
+        }
+        page++;
+        slot = 0;
+    }
 }
 
 /* q: [T, >= Hq * D] rows at q_stride (the q heads of qkv); every row's own
@@ -264,7 +277,11 @@ int tandem_paged_attention(int64_t T, int64_t Hq, int64_t Hkv, int64_t D, const 
     #pragma omp parallel num_threads(threads) if (threads > 1 && T * Hq * longest >= 4096)
     {
         float *scores = malloc((size_t)(group * longest) * sizeof(float));
-        if (!scores) {
+        const float **key_at = malloc((size_t)longest * sizeof(float *));
+        const float **value_at = malloc((size_t)longest * sizeof(float *));
+        if (!scores || !key_at || !value_at) {
+            free(scores);
+            scores = NULL;
             #pragma omp atomic write
             failed = 1;
         }
@@ -283,13 +300,14 @@ int tandem_paged_attention(int64_t T, int64_t Hq, int64_t Hkv, int64_t D, const 
                     out_rows[g] = out + t * out_stride + (h * group + g) * D;
                 }
                 const int64_t *pages = page_table + row_table[t] * max_pages;
-                softmax_weights(q_rows, (int)group, k_layer, pages, Hkv, h, D, page_size, first, length, scale,
-                                score_rows);
-                weighted_values((int)group, v_layer, pages, Hkv, h, D, page_size, first, length, score_rows,
-                                out_rows);
+                locate_keys(k_layer, v_layer, pages, Hkv, h, D, page_size, first, length, key_at, value_at);
+                softmax_weights(q_rows, (int)group, key_at, D, first, length, scale, score_rows);
+                weighted_values((int)group, value_at, D, first, length, score_rows, out_rows);
             }
         }
         free(scores);
+        free(key_at);
+        free(value_at);
     }
     return failed ? 2 : 0;
 }
