@@ -7,7 +7,10 @@ default model's shapes: `_weight_int4pack_mm_for_cpu` 156 ms per token,
 `_weight_int8pack_mm` 105 ms, fp32 `F.linear` 44 ms), so the quantized
 products run a small C kernel of ours instead (bench/quant_kernels.py).
 
-Where the library comes from, first match wins:
+Which build: the fastest variant the CPU's features allow (cpu_variants:
+avx512vnni, avxvnni, avx2, portable; every one computes the same bits),
+falling back to the next one down when a build fails. Where it comes from,
+first match wins:
 1. a copy built ahead of time next to this file (the installer bundle,
    packaging/build.sh), named for its instruction set;
 2. a copy in the user's cache folder built by an earlier run, named for the
@@ -25,6 +28,7 @@ and its thread count (engine/runner/threads.py sets it per step).
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -33,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Set
 from pathlib import Path
 
 import torch
@@ -74,7 +79,8 @@ class NativeKernelError(RuntimeError):
     pass
 
 
-def cpu_features() -> set[str]:
+@functools.cache
+def cpu_features() -> frozenset[str]:
     """The CPU's instruction-set features, as Linux's /proc/cpuinfo names
     them. Elsewhere, what torch's own dispatch reports (AVX2 or AVX-512
     without the VNNI detail)."""
@@ -82,16 +88,16 @@ def cpu_features() -> set[str]:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
             for line in info:
                 if line.startswith("flags"):
-                    return set(line.partition(":")[2].split())
+                    return frozenset(line.partition(":")[2].split())
     except OSError:
         pass
     if sys.platform == "darwin":
-        return set()
+        return frozenset()
     capability = torch.backends.cpu.get_cpu_capability().upper()
-    return {"avx2", "fma", "f16c"} if capability.startswith(("AVX2", "AVX512")) else set()
+    return frozenset({"avx2", "fma", "f16c"} if capability.startswith(("AVX2", "AVX512")) else ())
 
 
-def cpu_variants(features: set[str] | None = None) -> list[str]:
+def cpu_variants(features: Set[str] | None = None) -> list[str]:
     """The variants this CPU can run, fastest first (portable last).
     TANDEM_KERNEL_VARIANT names one to use instead (tests, benchmarks)."""
     forced = os.environ.get("TANDEM_KERNEL_VARIANT")
