@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from tests.ui.conftest import run
+from tests.xcb_libraries import skip_unless_this_machine_has_them
 from tests.ui.layout_probe import build_window, stream_long_reply, violations
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,6 +134,7 @@ def xvfb() -> Iterator[str]:
 
 @pytest.mark.parametrize(("size", "panes"), [("1024x700", 4), ("1440x900", 3)])
 def test_nothing_is_cut_off_under_a_real_x_server(xvfb: str, tmp_path: Path, size: str, panes: int) -> None:
+    skip_unless_this_machine_has_them()
     env = dict(os.environ, DISPLAY=xvfb, QT_QPA_PLATFORM="xcb", TANDEM_CONFIG_DIR=str(tmp_path))
     done = subprocess.run([sys.executable, str(ROOT / "tests" / "ui" / "layout_probe.py"), size, str(panes)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
