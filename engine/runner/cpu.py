@@ -4,7 +4,10 @@
 every product, one attention path for every query: engine.model.linear,
 engine.model.attention): a request's tokens then do not depend on the batch it
 shares, on how its prompt was chunked, or on which of its pages came from
-the prefix cache.
+the prefix cache. A model whose every product is quantized keeps the native
+CPU forward in that mode: it computes each row alone in one fixed order
+already, and the torch path's batched GEMMs give no such promise on every
+CPU (oneDNN and MKL pick their blocking by shape and thread count).
 """
 
 from __future__ import annotations
@@ -84,7 +87,7 @@ class ModelRunner:
             prefills=[],
             batch_invariant=self.deterministic,
         )
-        meta.native = self.model.native_forward and not self.deterministic
+        meta.native = self.model.native_forward
         if meta.native:
             meta.page_table, meta.row_table = self._page_tables(step)
         else:

@@ -38,10 +38,13 @@ MIXED = [
     "Name a fruit that is yellow.",
 ]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
-# Greedy and seeded requests side by side in every batch: the seeded ones
-# use top-p (its threshold is a row reduction over the vocabulary).
+# Greedy and seeded requests side by side in every batch, the seeded ones
+# long enough (32 tokens at temperature 0.8, as a chat is sampled) for a
+# last-bit difference to flip a draw; half of them use top-p (its threshold
+# is a row reduction over the vocabulary).
 PARAMS = [
-    GREEDY if i % 2 == 0 else SamplingParams(temperature=0.9, top_p=0.95, seed=100 + i, max_tokens=12)
+    GREEDY if i % 3 == 0 else SamplingParams(temperature=0.8, top_p=0.95 if i % 2 else 1.0, seed=100 + i,
+                                             max_tokens=32)
     for i in range(len(MIXED))
 ]
 
@@ -108,9 +111,16 @@ def test_plain_runner_is_unchanged_by_the_mode_switch(tmp_path: Path) -> None:
 # -- end to end, default model, default dtype ---------------------------------
 
 
-# The engine's modes: deterministic=True, and the default (None: the
-# quantized native path on the CPU).
-MODES = {"deterministic": True, "default": None}
+# The engine's modes (deterministic=True, and the default: None), each on
+# both sides of the dtype choice `auto` makes on a CPU: float32 where it has
+# no native bf16 dot products, bfloat16 where it has them. The quantized
+# model runs the native forward in every one of them.
+MODES = {
+    "deterministic-float32": (True, "float32"),
+    "deterministic-bfloat16": (True, "bfloat16"),
+    "default-float32": (None, "float32"),
+    "default-bfloat16": (None, "bfloat16"),
+}
 
 
 @pytest.fixture(scope="module", params=sorted(MODES))
@@ -120,7 +130,8 @@ def mode(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="module")
 def engine(default_model_dir: Path, mode: str):
-    with Engine(default_model_dir, device="cpu", deterministic=MODES[mode]) as eng:
+    deterministic, dtype = MODES[mode]
+    with Engine(default_model_dir, device="cpu", deterministic=deterministic, dtype=dtype) as eng:
         yield eng
 
 
@@ -135,7 +146,8 @@ def alone(engine: Engine) -> list[list[int]]:
 
 
 def test_engine_reports_the_mode(engine: Engine, mode: str) -> None:
-    assert engine.deterministic is (mode == "deterministic")
+    assert engine.deterministic is (MODES[mode][0] is True)
+    assert engine.stats().weights.endswith("(kernel)")
 
 
 def test_batch_of_eight_equals_each_alone(engine: Engine, alone) -> None:
@@ -179,7 +191,9 @@ def test_continuation_over_cached_pages_equals_fresh(engine: Engine) -> None:
 def test_chunked_prefill_equals_alone(default_model_dir: Path, mode: str, alone) -> None:
     # 24 tokens a step: every prompt here is prefilled in several chunks,
     # interleaved with the other requests' decodes.
-    with Engine(default_model_dir, device="cpu", deterministic=MODES[mode], max_batch_tokens=24) as eng:
+    deterministic, dtype = MODES[mode]
+    with Engine(default_model_dir, device="cpu", deterministic=deterministic, dtype=dtype,
+                max_batch_tokens=24) as eng:
         outputs = eng.generate_outputs([chat(t) for t in MIXED], PARAMS)
         assert max(len(o.prompt_token_ids) for o in outputs) > 24
     assert [o.token_ids for o in outputs] == alone

@@ -1,6 +1,6 @@
 """The native CPU path of quantized models (engine/kernels/native, LlamaModel._forward_native):
 each kernel against a plain torch reference, the whole path against the
-generic one, and batch invariance of quantized replies in deterministic mode."""
+generic one, and the same path in deterministic mode."""
 
 from __future__ import annotations
 
@@ -171,11 +171,11 @@ def quantized_tiny(tiny_model_dir: Path):
     return load_model(tiny_model_dir, "cpu", "float32", quantize="int4")
 
 
-def _mixed_step_logits(model, native_path: bool) -> torch.Tensor:
+def _mixed_step_logits(model, native_path: bool, deterministic: bool = False) -> torch.Tensor:
     """Logits of one step holding a decode and a prefill chunk that continues a cached prompt."""
     model.native_forward = native_path
     try:
-        runner = ModelRunner(model, model.new_kv_cache(16, 4))
+        runner = ModelRunner(model, model.new_kv_cache(16, 4), deterministic=deterministic)
         first = SimpleNamespace(token_ids=list(range(3, 14)), pages=[4, 1, 9], sampler=None)
         second = SimpleNamespace(token_ids=list(range(20, 33)), pages=[2, 7, 5, 11], sampler=None)
         runner.forward(ScheduleResult(decodes=[], prefills=[ScheduledChunk(first, 0, 10), ScheduledChunk(second, 0, 6)]))
@@ -184,6 +184,7 @@ def _mixed_step_logits(model, native_path: bool) -> torch.Tensor:
         return model.logits(hidden)
     finally:
         model.native_forward = True
+        model.batch_invariant = False
 
 
 def test_native_path_computes_what_the_generic_path_computes(quantized_tiny) -> None:
@@ -197,15 +198,11 @@ def test_native_path_computes_what_the_generic_path_computes(quantized_tiny) -> 
     assert (fast - generic).abs().max() <= 0.05 * generic.abs().max()
 
 
-def test_quantized_replies_do_not_depend_on_the_batch_in_deterministic_mode(default_model_dir: Path) -> None:
-    questions = ["What is the capital of France?", "Write a haiku about the sea.", "Name a fruit that is yellow."]
-    chats = [[{"role": "user", "content": q}] for q in questions]
-    greedy = SamplingParams(temperature=0.0, max_tokens=16)
-    seeded = SamplingParams(temperature=0.9, top_p=0.95, seed=1234, max_tokens=16)
-    with Engine(default_model_dir, device="cpu", deterministic=True) as engine:
-        assert engine.stats().weights.endswith("(kernel)")
-        alone = [engine.generate_outputs([c], greedy)[0].token_ids for c in chats]
-        alone_seeded = engine.generate_outputs([chats[0]], seeded)[0].token_ids
-        batch = engine.generate_outputs(chats + [chats[0]], [greedy] * len(chats) + [seeded])
-    assert [o.token_ids for o in batch[:-1]] == alone
-    assert batch[-1].token_ids == alone_seeded
+def test_deterministic_mode_keeps_the_native_path(quantized_tiny) -> None:
+    """--deterministic promises batch invariance; the native path keeps it by
+    construction, while the torch path's GEMMs do not on every CPU. So a
+    quantized model gives the same bits in both modes (end to end on the
+    default model: tests/engine/test_deterministic.py)."""
+    default = _mixed_step_logits(quantized_tiny, native_path=True)
+    deterministic = _mixed_step_logits(quantized_tiny, native_path=True, deterministic=True)
+    assert torch.equal(deterministic, default)
