@@ -6,7 +6,11 @@ Every key is optional, a missing file means the defaults, and unknown keys
 are ignored (a newer version may have written them). A file that cannot be read, or a value that is not valid,
 never stops the application: the valid values are used, the rest fall back to
 their defaults, the file is kept aside as `settings.json.bad` for the user to
-look at, and `load_warning` says what happened.
+look at, and `load_warning` says what happened. The file is read as
+app.files.read_json_file reads any file a user may edit: a regular file only
+(a FIFO or /dev/zero in its place is kept aside unread), at most
+app.files.MAX_CONFIG_FILE_BYTES, and any JSON (a 5,000-digit number, nesting
+100,000 deep) is a warning, never an exception.
 
 The config folder is private (0700) and the file in it 0600, like every
 file Tandem writes (app.files); an existing looser one is tightened when the
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import reprlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -32,7 +37,13 @@ import platformdirs
 
 from app.workspace.conversation import CONTEXT_POLICIES
 from app.errors import AppError
-from app.files import make_private_file, make_private_folder, write_text_atomically
+from app.files import (
+    UnreadableFileError,
+    make_private_file,
+    make_private_folder,
+    read_json_file,
+    write_text_atomically,
+)
 from engine.config import DEVICES, DTYPES, EngineConfig
 from engine.params import InvalidSamplingParams, SamplingParams
 
@@ -110,18 +121,12 @@ class Settings:
         """The settings in `path` (default: `settings_path()`); defaults where absent or invalid."""
         path = Path(path) if path is not None else settings_path()
         try:
-            raw_text = path.read_text(encoding="utf-8")
+            raw = read_json_file(path)
         except FileNotFoundError:
             return cls()
-        except (OSError, UnicodeDecodeError) as exc:
-            return cls._bad_file(path, f"it cannot be read ({exc})")
+        except UnreadableFileError as exc:
+            return cls._bad_file(path, exc.reason)
         _tighten(path)
-        try:
-            raw = json.loads(raw_text)
-        except json.JSONDecodeError as exc:
-            return cls._bad_file(path, f"it is not valid JSON (line {exc.lineno}: {exc.msg})")
-        except RecursionError:
-            return cls._bad_file(path, "it nests its JSON too deeply")
         if not isinstance(raw, dict):
             return cls._bad_file(path, "it does not hold a JSON object")
         settings, problems = cls.from_dict(raw)
@@ -156,12 +161,12 @@ class Settings:
             if rule.ok(value):
                 setattr(settings, key, value)
             else:
-                problems.append(f"{key} must be {rule.allowed}, not {value!r}")
+                problems.append(f"{key} must be {rule.allowed}, not {_shown(value)}")
 
         params = raw.get("default_params")
         if params is not None:
             if not isinstance(params, dict):
-                problems.append(f"default_params must be an object, not {params!r}")
+                problems.append(f"default_params must be an object, not {_shown(params)}")
             else:
                 values: dict[str, Any] = {}
                 for key in PARAM_FIELDS:
@@ -169,11 +174,15 @@ class Settings:
                         continue
                     try:  # validate each value on its own, so one bad value costs only itself
                         SamplingParams(**{key: params[key]})
-                    except (InvalidSamplingParams, TypeError) as exc:
-                        problems.append(f"default_params.{exc}")
+                    except (InvalidSamplingParams, TypeError, ValueError, OverflowError) as exc:
+                        problems.append(f"default_params.{_clipped(str(exc))}")
                     else:
                         values[key] = params[key]
-                settings.default_params = SamplingParams(**values)
+                try:
+                    settings.default_params = SamplingParams(**values)
+                except (InvalidSamplingParams, TypeError, ValueError, OverflowError) as exc:
+                    # Each value is valid alone but not with the others: none of them is used.
+                    problems.append(f"default_params do not go together ({_clipped(str(exc))})")
         return settings, problems
 
     # -- checking --------------------------------------------------------------
@@ -308,6 +317,26 @@ def check_value(key: str, value: Any) -> str | None:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+# How a warning quotes a value from the file: a 4 MB string or a list 900 deep in a
+# hand-edited file must not make a 4 MB warning.
+_QUOTE = reprlib.Repr()
+_QUOTE.maxlevel, _QUOTE.maxstring, _QUOTE.maxlong, _QUOTE.maxother = 3, 80, 40, 80
+_QUOTE.maxlist = _QUOTE.maxdict = 6
+_MAX_PROBLEM_CHARS = 300
+
+
+def _shown(value: Any) -> str:
+    """A value from the file as a warning quotes it: short, whatever its size or depth."""
+    try:
+        return _QUOTE.repr(value)
+    except (ValueError, RecursionError):  # an integer longer than Python writes out
+        return "a value too long to show"
+
+
+def _clipped(text: str) -> str:
+    return text if len(text) <= _MAX_PROBLEM_CHARS else text[: _MAX_PROBLEM_CHARS - 1] + "…"
 
 
 def _tighten(path: Path) -> None:

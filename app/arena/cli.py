@@ -24,7 +24,7 @@ from app.arena.export import leaderboard_csv, leaderboard_json, votes_json
 from app.arena.leaderboard import LeaderboardRow, leaderboard
 from app.arena.votes import ArenaVote
 from app.errors import AppError
-from app.files import write_text_atomically
+from app.files import terminal_json, terminal_text, write_text_atomically
 from app.store.chat_store import ChatStore
 from app.store.connection import default_path
 
@@ -136,7 +136,7 @@ def _read_votes(path: Path, problems: list[str]) -> list[ArenaVote]:
 def _list(votes: list[ArenaVote], args: argparse.Namespace, out: TextIO) -> None:
     rows = leaderboard(votes, rounds=args.rounds, seed=args.seed)
     if args.json:
-        out.write(leaderboard_json(rows))
+        out.write(terminal_json(leaderboard_json(rows)))
         return
     if not rows:
         print("No arena votes yet: vote in the window (View > Arena).", file=out)
@@ -145,17 +145,13 @@ def _list(votes: list[ArenaVote], args: argparse.Namespace, out: TextIO) -> None
     print(f"\n{len(votes)} votes; 95% intervals from {args.rounds} bootstrap rounds (seed {args.seed}).", file=out)
 
 
-def _printable(text: str) -> str:
-    """`text` with control characters spelled out: a model's name must not steer the terminal."""
-    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
-
-
 def leaderboard_table(rows: list[LeaderboardRow]) -> str:
     """The leaderboard as aligned columns for a terminal."""
     headers = ("RANK", "RATING", "95% INTERVAL", "VOTES", "W/L/T/BAD", "WIN RATE", "MODEL AND SETTINGS")
+    # A model's name comes from its publisher: it must not steer the terminal.
     table = [
         (str(rank), f"{row.rating:.0f}", f"{row.low:.0f} to {row.high:.0f}", str(row.votes),
-         f"{row.wins}/{row.losses}/{row.ties}/{row.both_bad}", f"{row.win_rate:.0%}", _printable(row.name))
+         f"{row.wins}/{row.losses}/{row.ties}/{row.both_bad}", f"{row.win_rate:.0%}", terminal_text(row.name))
         for rank, row in enumerate(rows, 1)
     ]
     widths = [max(len(h), *(len(r[i]) for r in table)) for i, h in enumerate(headers[:-1])]

@@ -2,29 +2,25 @@
 
 The same text goes to the window's Export and to `tandem arena export`;
 writing it to a file is app.files.write_text_atomically's job (regular files
-only, atomic, 0600).
+only, atomic, 0600), and the CSV's cells are app.files.csv_text's (quoted, a
+model's name that would start a formula shown as text).
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from collections.abc import Sequence
 from typing import Any
 
 from app.arena.leaderboard import LeaderboardRow
 from app.arena.votes import ArenaVote, vote_to_dict
+from app.files import csv_text
 
 VOTES_FORMAT = "tandem-arena-votes"
 VOTES_FORMAT_VERSION = 1
 
 CSV_COLUMNS = ("rank", "name", "rating", "low", "high", "votes", "wins", "losses", "ties", "both_bad",
                "win_rate", "contender")
-
-# A spreadsheet runs a cell that starts with one of these as a formula; a
-# model's name comes from whoever published the model.
-_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
 def row_to_dict(row: LeaderboardRow, rank: int) -> dict[str, Any]:
@@ -44,23 +40,17 @@ def row_to_dict(row: LeaderboardRow, rank: int) -> dict[str, Any]:
     }
 
 
-def _cell_text(text: str) -> str:
-    return "'" + text if text.startswith(_FORMULA_STARTS) else text
-
-
 def leaderboard_csv(rows: Sequence[LeaderboardRow]) -> str:
     """One line per contender, best first, under a header line (CSV_COLUMNS);
     ratings to two decimals, win rates to four."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
-    for rank, row in enumerate(rows, 1):
-        writer.writerow([
-            rank, _cell_text(row.name), f"{row.rating:.2f}", f"{row.low:.2f}", f"{row.high:.2f}",
-            row.votes, row.wins, row.losses, row.ties, row.both_bad, f"{row.win_rate:.4f}",
-            _cell_text(row.contender),
-        ])
-    return out.getvalue()
+    return csv_text([
+        CSV_COLUMNS,
+        *(
+            [rank, row.name, f"{row.rating:.2f}", f"{row.low:.2f}", f"{row.high:.2f}", row.votes, row.wins,
+             row.losses, row.ties, row.both_bad, f"{row.win_rate:.4f}", row.contender]
+            for rank, row in enumerate(rows, 1)
+        ),
+    ])
 
 
 def leaderboard_json(rows: Sequence[LeaderboardRow]) -> str:

@@ -22,6 +22,10 @@ built-in model's cap is kept in the file's "default" section.
 The file is written atomically (a temporary file, fsynced, then renamed
 over the old one). A file that cannot be used is kept aside as
 `models.json.bad`, the valid entries are kept, and `load_warning` says so.
+It is read as app.files.read_json_file reads any file a user may edit: a
+regular file only (a FIFO or a link to /dev/zero is kept aside unread), at
+most app.files.MAX_CONFIG_FILE_BYTES, and any JSON (a 5,000-digit number,
+nesting 100,000 deep) is such a warning, never an exception.
 
 The registry is used from the GUI thread and from import threads; a lock
 guards the entries and the file.
@@ -38,7 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.files import make_private_file, write_text_atomically
+from app.files import UnreadableFileError, make_private_file, read_json_file, write_text_atomically
 from app.models.checks import (
     FolderCheck,
     GGUFSummary,
@@ -440,20 +444,15 @@ class ModelRegistry:
     def _load(self, report: bool = True) -> None:
         self._default_max_context = None
         try:
-            text = self.path.read_text(encoding="utf-8")
+            raw = read_json_file(self.path)
         except FileNotFoundError:
             self._entries = []
             return
-        except (OSError, UnicodeDecodeError) as exc:
-            self._bad_file(f"it cannot be read ({exc})", [], report)
+        except UnreadableFileError as exc:
+            self._bad_file(exc.reason, [], report)
             return
         # A models.json from before files were kept private (0644) is tightened.
         make_private_file(self.path)
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as exc:
-            self._bad_file(f"it is not valid JSON (line {exc.lineno}: {exc.msg})", [], report)
-            return
         if not isinstance(raw, dict) or not isinstance(raw.get("models"), list):
             self._bad_file("it does not hold a list of models", [], report)
             return
@@ -466,8 +465,9 @@ class ModelRegistry:
         for index, item in enumerate(raw["models"]):
             try:
                 entry = entry_from_json(item, self.imports_dir)
-            except (TypeError, ValueError, KeyError) as exc:
-                problems.append(f"entry {index + 1}: {exc}")
+            except (TypeError, ValueError, KeyError, RecursionError) as exc:
+                detail = str(exc)  # may quote the value: a hand-edited one can be megabytes
+                problems.append(f"entry {index + 1}: {detail if len(detail) <= 200 else detail[:199] + '…'}")
                 continue
             if entry.id == DEFAULT_MODEL_ID or any(e.id == entry.id for e in entries):
                 problems.append(f"entry {index + 1}: the id '{entry.id}' is used twice")

@@ -53,6 +53,7 @@ from app.store.records import (
     MessageRecord,
     PaneLayout,
     header_record,
+    is_showable_time,
     message_record,
     message_records,
     pack_ids,
@@ -114,6 +115,8 @@ class ChatStore:
         # The keys this store saved or read, by id: a layout saved again
         # with the same keys does not write the keyring again.
         self._known_keys: dict[str, str] = {}
+        # Conversations whose times are no date, already in the log (warned once each).
+        self._reported_times: set[str] = set()
         # Shown once by the window: e.g. the damaged file was kept aside.
         self.open_warning = open_warning
         # The previous session did not end with mark_clean_exit (it crashed or was killed).
@@ -424,8 +427,27 @@ class ChatStore:
 
     # -- reads ---------------------------------------------------------------------
 
-    def load_conversation(self, conversation_id: str) -> Conversation:
-        """The conversation as saved (a reply saved mid-stream comes back "interrupted")."""
+    def _report_times(self, conversation_id: str, times: Sequence[object], problems: list[str] | None) -> None:
+        """Warn about a conversation holding a time that is no date (imported
+        by a version that let one in): its readers show it as an unknown date.
+        The warning goes to `problems` when given (a caller that prints it), else to the log."""
+        bad = [t for t in times if not is_showable_time(t)]
+        if not bad:
+            return
+        problem = (
+            f"Conversation {conversation_id[:8]} in {self.path} holds a time that is not a date ({bad[0]!r}); "
+            "it is shown as an unknown date."
+        )
+        if problems is not None:
+            problems.append(problem)
+        elif conversation_id not in self._reported_times:  # the sidebar lists at every keystroke of a search
+            self._reported_times.add(conversation_id)
+            log.warning("%s", problem)
+
+    def load_conversation(self, conversation_id: str, *, problems: list[str] | None = None) -> Conversation:
+        """The conversation as saved (a reply saved mid-stream comes back "interrupted").
+
+        A time in it that is no date is kept as it is and reported (see `_report_times`)."""
         from app.workspace.conversation import Conversation, Message
 
         header = self._query_one(
@@ -463,6 +485,7 @@ class ChatStore:
                 )
             )
             marks.append(mark)
+        self._report_times(conversation_id, [created_at, *(m.created_at for m in messages)], problems)
         from engine.params import SamplingParams
 
         return Conversation.restore(
@@ -478,12 +501,18 @@ class ChatStore:
             turn_marks=marks,
         )
 
-    def list_conversations(self, search: str | None = None, *, deleted: bool = False) -> list[ConversationSummary]:
+    def list_conversations(
+        self, search: str | None = None, *, deleted: bool = False, problems: list[str] | None = None
+    ) -> list[ConversationSummary]:
         """Saved conversations, most recently updated first (LAST_UPDATE_SQL:
         its newest message's time; each summary's `updated_at`).
 
         `search` keeps those whose title or any message contains it (ignoring
         case; every character literal). `deleted=True` lists the deleted ones instead.
+        A conversation whose times are no date (an older version imported
+        1e12) is still listed, so it can be opened, exported or deleted; its
+        readers show an unknown date (app.store.records.local_time_text), and
+        a warning for it goes to `problems` when given, else to the log.
         """
         where = "c.deleted_at IS NOT NULL" if deleted else "c.deleted_at IS NULL"
         args: list[Any] = []
@@ -502,13 +531,14 @@ class ChatStore:
                 ORDER BY last_update DESC, c.id""",
             args,
         )
-        return [
-            ConversationSummary(
+        summaries = []
+        for id_, title, created, updated, model, count, preview in rows:
+            self._report_times(id_, (created, updated), problems)
+            summaries.append(ConversationSummary(
                 id=id_, title=title, created_at=created, updated_at=updated, message_count=count,
                 model_id=model, preview=_collapse(preview or ""),
-            )
-            for id_, title, created, updated, model, count, preview in rows
-        ]
+            ))
+        return summaries
 
     def find_ids(self, prefix: str) -> list[str]:
         """Ids of (not deleted) conversations starting with `prefix` (an exact id first if there is one)."""

@@ -14,6 +14,14 @@ Exit status: 0 done, 1 the store could not be used or the output file is
 not a regular file (export never replaces a link, a FIFO or a device), 2 a
 wrong argument (unknown or ambiguous id, an import file that is not a chat:
 any content gives one line, and nothing is stored).
+
+Titles and texts come from models and from whoever wrote an imported file,
+so what reaches a terminal cannot steer it (app.files.terminal_text): `list`
+spells out control characters in its table and escapes them in its JSON
+(still the same JSON), and `export` does the same when standard output is a
+terminal (a file, `-o` or a pipe, gets the text as it is). A conversation
+whose time is no date (an older version imported one) is listed with an
+unknown date (null in JSON) and a warning on standard error, never a failure.
 """
 
 from __future__ import annotations
@@ -26,11 +34,12 @@ from typing import TextIO
 
 from app.store.chat_store import ChatStore
 from app.store.connection import default_path
-from app.store.records import ConversationSummary, local_time_text
+from app.store.records import ConversationSummary, is_showable_time, local_time_text
 from app.errors import AppError
-from app.files import write_text_atomically
+from app.files import terminal_json, terminal_text, write_text_atomically
 
 SHORT_ID = 8
+PROG = "tandem chats"
 
 
 class _UsageError(AppError):
@@ -75,46 +84,57 @@ def main(argv: list[str] | None = None, *, stdout: TextIO | None = None, stderr:
                 print("[]" if args.json else "No saved conversations.", file=out)
                 return 0
             raise _UsageError(f"There are no saved conversations yet ({path} does not exist).")
-        with ChatStore.open(path, recover=False) as store:
-            if args.command == "list":
-                _list(store, args.json, args.search, out)
-            else:
-                _export(store, args.id, args.format, args.output, out)
+        problems: list[str] = []
+        try:
+            with ChatStore.open(path, recover=False) as store:
+                if args.command == "list":
+                    _list(store, args.json, args.search, out, problems)
+                else:
+                    _export(store, args.id, args.format, args.output, out, problems)
+        finally:
+            for problem in problems:
+                print(f"{PROG}: warning: {terminal_text(problem)}", file=err)
         return 0
     except _UsageError as exc:
-        print(f"tandem chats: {exc}", file=err)
+        print(f"{PROG}: {terminal_text(str(exc))}", file=err)
         return 2
     except AppError as exc:
-        print(f"tandem chats: {exc}", file=err)
+        print(f"{PROG}: {terminal_text(str(exc))}", file=err)
         return 1
     except OSError as exc:
-        print(f"tandem chats: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=err)
+        print(terminal_text(f"{PROG}: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")), file=err)
         return 1
+
+
+def _time_json(value: float) -> float | None:
+    # null, not a number JSON cannot hold (inf) or no reader can show (1e12).
+    return value if is_showable_time(value) else None
 
 
 def _summary_json(s: ConversationSummary) -> dict[str, object]:
     return {
         "id": s.id,
         "title": s.title,
-        "created_at": s.created_at,
-        "updated_at": s.updated_at,
+        "created_at": _time_json(s.created_at),
+        "updated_at": _time_json(s.updated_at),
         "message_count": s.message_count,
         "model_id": s.model_id,
         "preview": s.preview,
     }
 
 
-def _list(store: ChatStore, as_json: bool, search: str | None, out: TextIO) -> None:
-    summaries = store.list_conversations(search)
+def _list(store: ChatStore, as_json: bool, search: str | None, out: TextIO, problems: list[str]) -> None:
+    summaries = store.list_conversations(search, problems=problems)
     if as_json:
-        json.dump([_summary_json(s) for s in summaries], out, ensure_ascii=False, indent=2)
+        out.write(terminal_json(json.dumps([_summary_json(s) for s in summaries], ensure_ascii=False, indent=2)))
         out.write("\n")
         return
     if not summaries:
         print("No conversations match." if search else "No saved conversations.", file=out)
         return
     rows = [
-        (s.id[:SHORT_ID], local_time_text(s.updated_at), str(s.message_count), s.title or f"({s.preview[:60] or 'untitled'})")
+        (terminal_text(s.id[:SHORT_ID]), local_time_text(s.updated_at), str(s.message_count),
+         terminal_text(s.title or f"({s.preview[:60] or 'untitled'})"))
         for s in summaries
     ]
     headers = ("ID", "UPDATED", "MESSAGES", "TITLE")
@@ -135,19 +155,35 @@ def _resolve(store: ChatStore, prefix: str) -> str:
     return ids[0]
 
 
-def _export(store: ChatStore, prefix: str, fmt: str, output: str | None, out: TextIO) -> None:
+def _export(
+    store: ChatStore, prefix: str, fmt: str, output: str | None, out: TextIO, problems: list[str]
+) -> None:
     conversation_id = _resolve(store, prefix)
     from app.store import export as chat_export  # imports torch (through SamplingParams); only now that there is work
 
-    conversation = store.load_conversation(conversation_id)
+    conversation = store.load_conversation(conversation_id, problems=problems)
     if fmt == "json":
         text = json.dumps(chat_export.to_json(conversation), ensure_ascii=False, indent=2) + "\n"
     else:
         text = chat_export.to_markdown(conversation)
     if output is None:
+        if _is_terminal(out):
+            text = terminal_json(text) if fmt == "json" else _terminal_lines(text)
         out.write(text)
         return
     write_text_atomically(Path(output), text)
+
+
+def _is_terminal(out: TextIO) -> bool:
+    try:
+        return out.isatty()
+    except (AttributeError, ValueError):  # a closed or unusual stream
+        return False
+
+
+def _terminal_lines(text: str) -> str:
+    """Markdown for a terminal: controls spelled out, the line breaks and tabs kept (they steer nothing)."""
+    return "\n".join("\t".join(terminal_text(part) for part in line.split("\t")) for line in text.split("\n"))
 
 
 def _import(path: Path, file: Path, out: TextIO) -> int:

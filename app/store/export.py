@@ -22,16 +22,18 @@ An import file comes from anyone: `read_chat_file` (the CLI's and the
 window's import) turns any content into a conversation or a ChatImportError
 with one sentence, never another exception: not a regular file, too big, not
 UTF-8, not JSON, nested too deep, a number too long, text that is not valid
-Unicode (a lone surrogate), a value of the wrong type anywhere.
+Unicode (a lone surrogate), a value of the wrong type anywhere, a time that
+is no date (app.store.records.is_showable_time), more messages or versions
+of a reply than any real chat has. Reading is bounded before parsing (a
+regular file only, at most MAX_IMPORT_BYTES, app.files.read_regular_file)
+and the counts are checked before any message is built, so a hostile file
+costs little time or memory. A file holds one conversation.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import stat
-import sys
 import time
 import uuid
 from collections.abc import Sequence
@@ -39,8 +41,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from app.store.records import params_from_dict, params_to_dict, stats_from_dict, stats_to_dict
+from app.store.records import (
+    UNKNOWN_TIME_TEXT,
+    is_showable_time,
+    params_from_dict,
+    params_to_dict,
+    stats_from_dict,
+    stats_to_dict,
+)
 from app.errors import AppError
+from app.files import BadJSONError, UnreadableFileError, check_unicode, parse_json, read_regular_file
 
 if TYPE_CHECKING:
     from engine.params import SamplingParams
@@ -54,8 +64,15 @@ _ROLES = ("system", "user", "assistant", "notice")
 _STATES = ("complete", "streaming", "stopped", "interrupted", "error")
 
 
-# A chat export is text; one this big is not a chat (and would not fit in memory parsed).
-MAX_IMPORT_BYTES = 256 * 1024 * 1024
+# A chat export is text: 32 MiB is some 8 million tokens, more than any model reads
+# in a conversation. A file of tiny messages parses to about 4x its size in memory.
+MAX_IMPORT_BYTES = 32 * 2**20
+# Messages in one conversation, every version of every reply counted: a chat of
+# 10,000 turns, each answered twice, fits. Building each costs ~70 us, so the
+# cap bounds an import's time to seconds.
+MAX_IMPORT_MESSAGES = 50_000
+# Versions of one reply (regenerations and edits).
+MAX_REPLY_VERSIONS = 1_000
 # A seed is a 64-bit number everywhere it is used.
 _SEED_LIMIT = 2**64
 
@@ -71,23 +88,11 @@ def read_chat_file(path: str | os.PathLike[str]) -> Conversation:
     """A new conversation from a Tandem JSON export file. Raises ChatImportError, for any content."""
     path = Path(path)
     try:
-        info = os.stat(path)
-    except OSError as exc:
-        raise ChatImportError(f"{path} could not be read: {exc.strerror or exc}.") from None
-    if not stat.S_ISREG(info.st_mode):  # a FIFO or a device would block or never end
-        raise ChatImportError(f"{path} is not a regular file; choose a Tandem chat export (.json).")
-    if info.st_size > MAX_IMPORT_BYTES:
-        raise ChatImportError(
-            f"{path} is {info.st_size / 2**20:.0f} MB; a Tandem chat export is at most "
-            f"{MAX_IMPORT_BYTES // 2**20} MB, so this is not one."
-        )
-    try:
-        with open(path, "rb") as file:
-            raw = file.read(MAX_IMPORT_BYTES + 1)
-    except OSError as exc:
-        raise ChatImportError(f"{path} could not be read: {exc.strerror or exc}.") from None
-    if len(raw) > MAX_IMPORT_BYTES:
-        raise ChatImportError(f"{path} is larger than {MAX_IMPORT_BYTES // 2**20} MB; it is not a Tandem chat export.")
+        raw = read_regular_file(path, MAX_IMPORT_BYTES)
+    except FileNotFoundError:
+        raise ChatImportError(f"{path} could not be read: there is no such file.") from None
+    except UnreadableFileError as exc:
+        raise ChatImportError(f"{path} is not a Tandem chat export: {exc.reason}.") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -102,46 +107,46 @@ def read_chat_file(path: str | os.PathLike[str]) -> Conversation:
 def parse_chat_json(text: str) -> object:
     """JSON text as Python values, every string valid Unicode. Raises ChatImportError, for any text."""
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ChatImportError(
-            f"This is not a Tandem chat: it is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})."
-        ) from None
-    except RecursionError:
-        raise ChatImportError("This is not a Tandem chat: its JSON is nested too deeply to read.") from None
-    except ValueError:  # the one other ValueError json raises: an integer longer than Python converts
-        raise ChatImportError(
-            f"This is not a Tandem chat: it holds a number of more than {sys.get_int_max_str_digits()} digits."
-        ) from None
-    _check_text(data)
-    return data
+        return parse_json(text)
+    except BadJSONError as exc:
+        raise ChatImportError(f"This is not a Tandem chat: {exc.reason}.") from None
 
 
 def _check_text(data: object) -> None:
-    """ChatImportError unless every string (keys too) is valid Unicode: JSON's \\ud800 escapes
-    give lone surrogates, which no file or database can hold. Iterative: the depth is the file's."""
-    pending = [data]
+    try:
+        check_unicode(data)
+    except BadJSONError as exc:
+        raise ChatImportError(f"This is not a Tandem chat: {exc.reason}.") from None
+
+
+def _check_counts(messages: list[Any]) -> None:
+    """ChatImportError when the conversation holds more messages (every
+    version's counted) or versions of a reply than the caps: checked on the
+    parsed JSON before anything is built, so a file of a million messages
+    is refused at once. Shapes are not checked here; building does that."""
+    total = 0
+    pending = [messages]
     while pending:
-        item = pending.pop()
-        if isinstance(item, str):
-            strings: list[str] = [item]
-        elif isinstance(item, dict):
-            strings = [k for k in item if isinstance(k, str)]
-            pending.extend(item.values())
-        elif isinstance(item, list):
-            pending.extend(item)
-            continue
-        else:
-            continue
-        for string in strings:
-            try:
-                string.encode("utf-8")
-            except UnicodeEncodeError as exc:
-                bad = string[exc.start]
+        items = pending.pop()
+        total += len(items)
+        if total > MAX_IMPORT_MESSAGES:
+            raise ChatImportError(
+                f"The conversation holds more than {MAX_IMPORT_MESSAGES:,} messages (every version of a reply "
+                "counted); Tandem imports at most that many. Split it into smaller chats."
+            )
+        for item in items:
+            versions = item.get("versions") if isinstance(item, dict) else None
+            others = versions.get("others") if isinstance(versions, dict) else None
+            if not isinstance(others, list):
+                continue
+            if len(others) >= MAX_REPLY_VERSIONS:
                 raise ChatImportError(
-                    f"This is not a Tandem chat: it holds text that is not valid Unicode "
-                    f"(a lone surrogate, \\u{ord(bad):04x})."
-                ) from None
+                    f"A reply in the conversation has {len(others) + 1:,} versions; Tandem keeps at most "
+                    f"{MAX_REPLY_VERSIONS:,} versions of a reply."
+                )
+            for other in others:
+                if isinstance(other, dict) and isinstance(other.get("messages"), list):
+                    pending.append(other["messages"])
 
 
 # -- JSON --------------------------------------------------------------------------
@@ -243,6 +248,7 @@ def _from_json(data: object) -> Conversation:
     raw_messages = conv.get("messages")
     if not isinstance(raw_messages, list):
         raise ChatImportError("The conversation's \"messages\" must be a list.")
+    _check_counts(raw_messages)
     messages = [_message_from_json(raw, f"message {i + 1}") for i, raw in enumerate(raw_messages)]
     return Conversation.restore(
         id=uuid.uuid4().hex,
@@ -361,8 +367,12 @@ def _finite(value: object) -> float | None:
 
 def _time(data: dict[str, Any], key: str, where: str) -> float:
     value = _finite(data.get(key))
-    if value is None or value < 0:
-        raise ChatImportError(f"{where.capitalize()}: \"{key}\" must be a time in seconds since 1970.")
+    if value is None or not is_showable_time(value):
+        # 1e12 is a finite number, but no date: every list and export of the store would fail on it.
+        raise ChatImportError(
+            f"{where.capitalize()}: \"{key}\" must be a time in seconds since 1970, a date from 1970 "
+            "to the year 9999 (a time in milliseconds is 1,000 times too large)."
+        )
     return value
 
 
@@ -409,6 +419,8 @@ def _stats(value: object, where: str) -> Any:
 
 
 def _when(timestamp: float) -> str:
+    if not is_showable_time(timestamp):  # stored by an older version that let such a time in
+        return UNKNOWN_TIME_TEXT
     return datetime.fromtimestamp(timestamp, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 

@@ -65,11 +65,41 @@ class ConversationSummary:
     preview: str  # the start of its last user or assistant message, whitespace collapsed
 
 
+# The times a conversation or message may hold (Unix seconds): from 1970 to the
+# start of 9999-12-31 UTC, so that the date is one a datetime can hold in every
+# timezone (14 hours ahead of UTC at most). An import refuses any other
+# (app.store.export), and a reader shows one an older version let in as
+# UNKNOWN_TIME_TEXT, with a warning, instead of failing.
+EARLIEST_TIME = 0.0
+LATEST_TIME = 253_402_214_400.0  # 9999-12-31 00:00 UTC
+UNKNOWN_TIME_TEXT = "unknown date"
+
+
+def is_showable_time(value: object) -> bool:
+    """Whether `value` is a time Tandem can show as a date (see LATEST_TIME); False for NaN, text, None."""
+    return (
+        isinstance(value, (int, float)) and not isinstance(value, bool) and EARLIEST_TIME <= value <= LATEST_TIME
+    )
+
+
+def local_datetime(timestamp: object) -> dt.datetime | None:
+    """A stored time as a datetime in this machine's timezone; None for one that is no date."""
+    if not is_showable_time(timestamp):
+        return None
+    try:
+        # From UTC: a naive local datetime's astimezone() steps past the year 9999 near the end.
+        return dt.datetime.fromtimestamp(timestamp, dt.timezone.utc).astimezone()  # type: ignore[arg-type]
+    except (ValueError, OverflowError, OSError):  # a platform whose clock functions stop sooner
+        return None
+
+
 def local_time_text(timestamp: float) -> str:
     """'2026-11-30 15:42': a stored time in this machine's timezone, to the
-    minute (cut, not rounded, as a clock shows it). `tandem chats list` and
-    the Chats sidebar write a summary's times with it, so both say the same."""
-    return dt.datetime.fromtimestamp(timestamp).astimezone().strftime("%Y-%m-%d %H:%M")
+    minute (cut, not rounded, as a clock shows it); UNKNOWN_TIME_TEXT for one
+    that is no date. `tandem chats list` and the Chats sidebar write a
+    summary's times with it, so both say the same."""
+    when = local_datetime(timestamp)
+    return UNKNOWN_TIME_TEXT if when is None else when.strftime("%Y-%m-%d %H:%M")
 
 
 @dataclass(slots=True, frozen=True)

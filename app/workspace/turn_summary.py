@@ -11,12 +11,11 @@ run off the GUI thread.
 
 from __future__ import annotations
 
-import csv
-import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from app.files import csv_text
 from app.workspace.compare import word_diff
 
 if TYPE_CHECKING:
@@ -146,24 +145,9 @@ def to_markdown(message: str, figures: Sequence[ReplyFigures]) -> str:
 
 
 def to_csv(figures: Sequence[ReplyFigures]) -> str:
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(header(figures))
-    # A pane's title is the user's text: one a spreadsheet would run as a formula is quoted as text.
-    writer.writerows([[_csv_text(c) for c in r] for r in rows(figures)])
-    return out.getvalue()
-
-
-def _csv_text(cell: str) -> str:
-    return "'" + cell if cell[:1] in ("=", "+", "@") or (cell[:1] == "-" and not _is_number(cell)) else cell
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
+    # A pane's title is the user's text, a model's name its publisher's: app.files.csv_text
+    # quotes every cell and shows one a spreadsheet would run as a formula as text.
+    return csv_text([header(figures), *rows(figures)])
 
 
 def _cell(text: str) -> str:

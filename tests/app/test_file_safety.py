@@ -1,8 +1,10 @@
-"""Files written safely: exports never replace a link, a FIFO or a device; Tandem's folders and
-files are private; API keys never reach the chat store's file."""
+"""Files written safely: exports never replace a link, a FIFO or a device, and take any name the
+folder takes; CSV cells a spreadsheet would run are text; Tandem's folders and files are
+private; API keys never reach the chat store's file."""
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 import os
@@ -12,7 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from app.files import UnsafeOutputError, make_private_file, write_text_atomically
+from app.arena.export import leaderboard_csv
+from app.arena.leaderboard import LeaderboardRow
+from app.files import UnsafeOutputError, csv_text, make_private_file, write_text_atomically
+from app.workspace.turn_summary import ReplyFigures, to_csv
 from app.secrets import FileSecrets, default_secrets
 from app.settings import Settings, settings_path
 from app.store import migrations
@@ -127,6 +132,47 @@ def test_the_atomic_write_itself_refuses_every_special_file(tmp_path: Path) -> N
         assert caught.value.path == path and caught.value.what == what
     assert not (tmp_path / "target").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+@pytest.mark.parametrize("length", [250, 255])
+def test_export_to_the_longest_name_the_folder_takes(tmp_path: Path, saved_id: str, length: int) -> None:
+    target = tmp_path / ("é" * ((length - 3) // 2) + "x" * ((length - 3) % 2) + ".md")  # bytes, as NAME_MAX counts
+    assert len(os.fsencode(target.name)) == length
+    assert run("export", saved_id[:8], "-o", str(target)) == (0, "", "")
+    assert target.read_text(encoding="utf-8").startswith("# Lyon")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["data", target.name])  # no temporary left
+
+
+# -- CSV a spreadsheet opens ------------------------------------------------------------------
+
+CALC = "x;=cmd|' /C calc'!A0"
+FORMULAS = ["=1+1", "+1+1", "-1+1", "@SUM(A1)", "\t=1", "\r=1"]
+
+
+def cells_a_spreadsheet_sees(text: str, delimiter: str) -> list[str]:
+    return [cell for row in csv.reader(io.StringIO(text), delimiter=delimiter) for cell in row]
+
+
+def test_csv_cells_never_start_a_formula_whatever_the_separator() -> None:
+    text = csv_text([["name", "rating"], [CALC, -3.25], *([f, "-0.5"] for f in FORMULAS)])
+    for delimiter in (",", ";", "\t"):
+        for cell in cells_a_spreadsheet_sees(text, delimiter):
+            assert not cell.startswith(("=", "+", "-", "@", "\t", "\r")) or cell in ("-3.25", "-0.5"), (delimiter, cell)
+    rows = list(csv.reader(io.StringIO(text)))
+    assert rows[1] == [CALC, "-3.25"]  # quoted: one cell for a reader that splits on ";" too
+    assert [r[0] for r in rows[2:]] == ["'" + f for f in FORMULAS]  # shown as text, nothing lost
+
+
+def test_every_csv_tandem_writes_goes_through_the_same_cells() -> None:
+    row = LeaderboardRow(name=CALC, contender="=HYPERLINK(1)", rating=1000.0, low=990.0, high=1010.0, votes=1,
+                         wins=1, losses=0, ties=0, both_bad=0, win_rate=1.0)
+    board = list(csv.reader(io.StringIO(leaderboard_csv([row]))))
+    assert board[1][1] == CALC and board[1][-1] == "'=HYPERLINK(1)"
+    assert f'"{CALC}"' in leaderboard_csv([row])
+    figures = ReplyFigures(pane_id=1, title=CALC, model="@evil", words=3, tokens=None, tokens_per_s=None,
+                           ttft_s=None, shared={})
+    summary = to_csv([figures])
+    assert f'"{CALC}"' in summary and list(csv.reader(io.StringIO(summary)))[1][:2] == [CALC, "'@evil"]
 
 
 # -- private folders and files ------------------------------------------------------------

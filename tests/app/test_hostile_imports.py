@@ -103,7 +103,7 @@ def test_a_fifo_or_a_device_is_not_read(tmp_path: Path, data_dir: Path) -> None:
     os.mkfifo(fifo)  # reading it would wait for a writer forever
     for path in (fifo, Path("/dev/zero")):  # /dev/zero would never end
         code, _, err = run("import", str(path))
-        assert code == 2 and "is not a regular file" in err
+        assert code == 2 and "not a regular file" in err and err.count("\n") == 1, err
     assert stored_count(data_dir) == 0
 
 
@@ -111,7 +111,7 @@ def test_a_file_too_big_to_be_a_chat(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(chat_export, "MAX_IMPORT_BYTES", 1000)
     big = tmp_path / "big.json"
     big.write_text(" " * 1001 + "{}", encoding="utf-8")
-    with pytest.raises(ChatImportError, match="at most 0 MB"):
+    with pytest.raises(ChatImportError, match="holds 1,003 bytes, more than the 1,000 bytes"):
         read_chat_file(big)
 
 

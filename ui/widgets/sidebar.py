@@ -41,7 +41,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.store.chat_store import ConversationSummary
-from app.store.records import local_time_text
+from app.store.records import UNKNOWN_TIME_TEXT, local_datetime, local_time_text
 from app.errors import AppError
 
 SUMMARY_ROLE = Qt.ItemDataRole.UserRole + 1
@@ -63,8 +63,11 @@ class ConversationIndex(Protocol):
 
 
 def relative_time(timestamp: float, now: float | None = None) -> str:
-    """'Today 10:42', 'Yesterday 18:05', 'Mon 09:12' (this week), '12 Mar', '12 Mar 2024' (local time)."""
-    when = dt.datetime.fromtimestamp(timestamp)
+    """'Today 10:42', 'Yesterday 18:05', 'Mon 09:12' (this week), '12 Mar', '12 Mar 2024' (local time);
+    'unknown date' for a stored time that is no date (an older version imported it), so the row still shows."""
+    when = local_datetime(timestamp)
+    if when is None:
+        return UNKNOWN_TIME_TEXT
     today = dt.datetime.fromtimestamp(time.time() if now is None else now).date()
     clock = when.strftime("%H:%M")
     days = (today - when.date()).days
