@@ -22,6 +22,7 @@ from engine.entrypoints.openai.server import (
     is_loopback,
     model_name_for,
     require_key_beyond_loopback,
+    uvicorn_server,
 )
 
 # Said wherever the server refuses to listen beyond loopback without a key.
@@ -99,8 +100,6 @@ def run_serve(args: argparse.Namespace, open_engine: Callable[[argparse.Namespac
     """Load the engine, serve until Ctrl-C, close the engine. Exit status."""
     import os
 
-    import uvicorn
-
     api_key = args.api_key if args.api_key is not None else os.environ.get("TANDEM_API_KEY") or None
     if args.api_key == "":
         print("error: --api-key must not be empty", file=sys.stderr)
@@ -135,13 +134,12 @@ def run_serve(args: argparse.Namespace, open_engine: Callable[[argparse.Namespac
                 print("Requests must be addressed to localhost or 127.0.0.1 (or [::1]) unless you name "
                       "the others: add --allow-host NAME for each host name or IP address clients use "
                       "to reach this computer.", file=sys.stderr, flush=True)
-            config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=2)
             # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the
             # signal; stopping a server that way is its normal end, so exit 0.
             main_thread = threading.current_thread() is threading.main_thread()
             previous = signal.signal(signal.SIGTERM, _raise_interrupt) if main_thread else None
             try:
-                uvicorn.Server(config).run(sockets=[sock])
+                uvicorn_server(app, grace_s=2).run(sockets=[sock])
             except KeyboardInterrupt:
                 pass
             finally:

@@ -103,7 +103,9 @@ def _endpoint(handler: Handler, models: ServedModels, api_key: str | None) -> Ca
 
 
 def error_response(error: APIError) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
+    headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else {}
+    if error.status == 408:  # a body too slow to wait for: its connection is not worth keeping
+        headers["Connection"] = "close"
     return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
 

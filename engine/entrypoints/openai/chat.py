@@ -9,11 +9,12 @@ from starlette.responses import JSONResponse, Response
 from engine.entrypoints.openai import protocol as proto
 from engine.entrypoints.openai.choices import encode_prompt, reply_limit, start_choices, wait_for_outputs
 from engine.entrypoints.openai.models import ServedModels
-from engine.entrypoints.openai.request_body import read_json
+from engine.entrypoints.openai.request_body import read_request
 from engine.entrypoints.openai.streaming import stream_choices
 
 async def create_chat_completion(request: Request, models: ServedModels) -> Response:
-    req = proto.parse_chat_request(await read_json(request))
+    # Decoded and checked on a worker thread: a large body must not stall other clients.
+    req = await read_request(request, proto.parse_chat_request)
     engine = models.require(req.model)
     ids = await encode_prompt(engine, req.messages, "messages", parse_special_in_content=req.parse_special_tokens)
     # Unasked, a chat reply may run until the context (or the KV cache) is full.

@@ -10,12 +10,13 @@ from starlette.responses import JSONResponse, Response
 from engine.entrypoints.openai import protocol as proto
 from engine.entrypoints.openai.choices import encode_prompt, reply_limit, start_choices, wait_for_outputs
 from engine.entrypoints.openai.models import ServedModels
-from engine.entrypoints.openai.request_body import read_json
+from engine.entrypoints.openai.request_body import read_request
 from engine.entrypoints.openai.streaming import stream_choices
 
 
 async def create_completion(request: Request, models: ServedModels) -> Response:
-    req = proto.parse_completion_request(await read_json(request))
+    # Decoded and checked on a worker thread: a large body must not stall other clients.
+    req = await read_request(request, proto.parse_completion_request)
     engine = models.require(req.model)
     prompts = [await encode_prompt(engine, p, "prompt") for p in req.prompts]
     # Unasked, a completion is 16 tokens long, as OpenAI's is.

@@ -16,6 +16,11 @@ its own DNS name to 127.0.0.1, read the answers too. So, before any route:
 - A POST body must be declared `application/json` (415 otherwise), which a
   page cannot send cross-origin without a preflight that the Origin rule
   refuses.
+- Before all of these: a request framed two ways (`Content-Length` and
+  `Transfer-Encoding` both) is refused with a 400 and its connection closed,
+  as RFC 9112 section 6.1 asks: a proxy in front may have read its body the
+  other way, so whatever follows on that connection could be a request the
+  proxy never saw (request smuggling).
 
 The API key (`check_api_key`, compared in constant time) is checked per
 route, after the gate, so that `/health` needs none; a server bound beyond
@@ -173,6 +178,13 @@ class Gate:
             await self.app(scope, receive, send)
             return
         headers = _headers(scope)
+        if "content-length" in headers and "transfer-encoding" in headers:
+            await _refuse(scope, receive, send, APIError(
+                400,
+                "The request has both Content-Length and Transfer-Encoding, so where its body ends is "
+                "ambiguous; send one of them. The connection is closed.",
+                code="invalid_framing"), close=True)
+            return
         host = headers.get("host")
         if not self.policy.host_allowed(host):
             name = host_name(host or "")
@@ -236,8 +248,11 @@ def _cors_headers(origin: str) -> list[tuple[bytes, bytes]]:
     return [(b"access-control-allow-origin", origin.strip().encode("latin-1")), (b"vary", b"Origin")]
 
 
-async def _refuse(scope: Scope, receive: Receive, send: Send, error: APIError, cors_origin: str | None = None) -> None:
-    headers = {"Access-Control-Allow-Origin": cors_origin.strip(), "Vary": "Origin"} if cors_origin else None
+async def _refuse(scope: Scope, receive: Receive, send: Send, error: APIError, cors_origin: str | None = None,
+                  *, close: bool = False) -> None:
+    headers = {"Access-Control-Allow-Origin": cors_origin.strip(), "Vary": "Origin"} if cors_origin else {}
+    if close:  # the HTTP server (h11) closes a connection after an answer that says so
+        headers["Connection"] = "close"
     await JSONResponse(error.body(), status_code=error.status, headers=headers)(scope, receive, send)
 
 

@@ -33,8 +33,23 @@ from engine.errors import EngineClosedError
 
 log = logging.getLogger(__name__)
 
-# OpenAI's own limit; each choice is a request of its own in the engine.
+# OpenAI's own limit on `n`, here on every prompt's choices together (prompts x n):
+# each choice is a request of its own in the engine.
 MAX_CHOICES = 128
+# Bounds on what one request may ask of the server; each refusal names the field
+# and the bound. A chat of more messages than this is not a conversation; at ~240
+# characters of markup each, the template's output stays within its sandbox's
+# budget, so an ordinary template never fails because of how many there are.
+MAX_MESSAGES = 4096
+MAX_CONTENT_PARTS = 256  # per message
+# Every stop string is searched for after every token on the engine's shared
+# thread, so their number and length cost every client's replies.
+MAX_STOP_SEQUENCES = 16
+MAX_STOP_CHARS = 256
+# Served ids are short slugs; a shown name or an alias is a file name at most.
+MAX_MODEL_CHARS = 512
+# How much of a client's text an error message quotes back.
+_QUOTED_CHARS = 80
 # The engine divides float32 logits by the penalty, so a tiny one overflows them
 # (the sampler now makes them finite again, so the draw never fails). Far below
 # any useful value (0.5 already makes the model loop): the API refuses what can
@@ -204,12 +219,30 @@ def _bool(body: Mapping[str, Any], name: str, default: bool) -> bool:
     return value
 
 
+def _too_many(param: str, what: str, count: int, limit: int, hint: str = "") -> APIError:
+    return APIError(400, f"'{param}' holds {count:,} {what}; at most {limit:,} are allowed per request."
+                    f"{(' ' + hint) if hint else ''}", param=param, code="array_above_max_length")
+
+
+def _too_long(param: str, length: int, limit: int) -> APIError:
+    return APIError(400, f"'{param}' is {length:,} characters long; at most {limit:,} are allowed.",
+                    param=param, code="string_above_max_length")
+
+
+def _quoted(text: str) -> str:
+    """A client's string as an error message may repeat it: short, so that a huge
+    value cannot make a huge answer."""
+    return repr(text if len(text) <= _QUOTED_CHARS else text[:_QUOTED_CHARS] + "...")
+
+
 def _model(body: Mapping[str, Any]) -> str:
     value = body.get("model")
     if value is None:
         raise APIError(400, "You must provide a model parameter.", param="model", code="missing_required_parameter")
     if not isinstance(value, str):
         raise _wrong_type("model", "a string", value)
+    if len(value) > MAX_MODEL_CHARS:
+        raise _too_long("model", len(value), MAX_MODEL_CHARS)
     return value
 
 
@@ -219,10 +252,16 @@ def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
         return ()
     if isinstance(value, str):
         value = [value]
+    if isinstance(value, list) and len(value) > MAX_STOP_SEQUENCES:
+        raise _too_many("stop", "stop sequences", len(value), MAX_STOP_SEQUENCES)
     if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
         raise _wrong_type("stop", "a string or an array of strings", value)
     if any(not s for s in value):
         raise _invalid("stop", "Stop sequences must not be empty strings.")
+    longest = max(map(len, value), default=0)
+    if longest > MAX_STOP_CHARS:
+        raise APIError(400, f"A stop sequence is {longest:,} characters long; at most {MAX_STOP_CHARS:,} "
+                       "are allowed.", param="stop", code="string_above_max_length")
     return tuple(value)
 
 
@@ -291,6 +330,9 @@ def parse_chat_request(body: Any) -> ChatRequest:
         raise _wrong_type("messages", "an array of message objects", raw)
     if not raw:
         raise _invalid("messages", "'messages' must contain at least one message.")
+    if len(raw) > MAX_MESSAGES:
+        raise _too_many("messages", "messages", len(raw), MAX_MESSAGES,
+                        "Leave out older turns, as a chat app does when a conversation outgrows the context.")
     messages = [_message(m, f"messages[{i}]") for i, m in enumerate(raw)]
     for name in ("tools", "functions"):
         _unsupported(body, name, (None, []), "This server runs the model's plain chat template.")
@@ -322,7 +364,7 @@ def _message(value: Any, where: str) -> dict[str, str]:
         hint = " Tool and function messages are not supported." if role in ("tool", "function") else ""
         raise _invalid(
             f"{where}.role",
-            f"Unknown role {role!r} in {where}; expected one of system, developer, user, assistant.{hint}",
+            f"Unknown role {_quoted(role)} in {where}; expected one of system, developer, user, assistant.{hint}",
         )
     content = value.get("content")
     if content is None and role == "assistant":
@@ -335,6 +377,8 @@ def _message(value: Any, where: str) -> dict[str, str]:
 
 
 def _text_parts(parts: list[Any], where: str) -> str:
+    if len(parts) > MAX_CONTENT_PARTS:
+        raise _too_many(where, "content parts", len(parts), MAX_CONTENT_PARTS, "Join the texts into fewer parts.")
     texts = []
     for i, part in enumerate(parts):
         if not isinstance(part, dict) or not isinstance(part.get("type"), str):
@@ -342,7 +386,7 @@ def _text_parts(parts: list[Any], where: str) -> str:
         if part["type"] != "text":
             raise _invalid(
                 f"{where}[{i}].type",
-                f"Content parts of type {part['type']!r} are not supported; this model reads text only.",
+                f"Content parts of type {_quoted(part['type'])} are not supported; this model reads text only.",
             )
         text = part.get("text")
         if not isinstance(text, str):
@@ -364,10 +408,18 @@ def parse_completion_request(body: Any) -> CompletionRequest:
         raise APIError(400, "'best_of' other than 'n' is not supported.", param="best_of",
                        code="unsupported_parameter")
     stream, include_usage = _stream_flags(body)
+    sampling = _sampling(body, ("max_tokens",))
+    if len(prompts) * sampling.n > MAX_CHOICES:
+        raise APIError(
+            400,
+            f"'prompt' holds {len(prompts):,} prompts and 'n' is {sampling.n}: {len(prompts) * sampling.n:,} "
+            f"choices; at most {MAX_CHOICES} (prompts times n) are allowed per request. "
+            "Send the prompts in several requests.",
+            param="n" if sampling.n > 1 else "prompt", code="array_above_max_length")
     return CompletionRequest(
         model=model,
         prompts=prompts,
-        sampling=_sampling(body, ("max_tokens",)),
+        sampling=sampling,
         stream=stream,
         include_usage=include_usage,
     )

@@ -13,7 +13,7 @@ re-exported from where they live (one concept a module, as vLLM's
 `entrypoints/openai` is split):
 
     protocol.py      request parsing and checking; every response body, chunk and error
-    request_body.py  reading a request's JSON body, bounded (MAX_BODY_BYTES)
+    request_body.py  reading a request's JSON body, bounded (size, time, items), decoded off the loop
     models.py        ServedModels (model id -> Engine), GET /v1/models[/{id}], /health
     choices.py       the engine side of one call: n choices sharing prompt pages, waiting, aborting
     streaming.py     server-sent events of one call, aborted however they end
@@ -22,7 +22,10 @@ re-exported from where they live (one concept a module, as vLLM's
     gate.py          before any route: Host, Origin (CORS), Content-Type; the API key; no
                      listening beyond loopback without a key (docs/security.md)
     app.py           create_app: the gate, routes, error answers
-    serving.py       RunningServer, bind, serve_in_thread: uvicorn on a background thread
+    connections.py   the HTTP/1.1 connections: a deadline on each request head, a connection
+                     limit (slowloris), uvicorn's options
+    serving.py       RunningServer, bind, serve_in_thread, uvicorn_server: uvicorn on a
+                     background thread
 
 Every request joins the engine's continuous batch: the handlers only submit
 to the engine and await what its thread pushes back through
@@ -43,7 +46,7 @@ from engine.entrypoints.openai.app import create_app
 from engine.entrypoints.openai.gate import ExposedWithoutKeyError, GatePolicy, is_loopback, require_key_beyond_loopback
 from engine.entrypoints.openai.models import ServedModels, model_name_for, served_models
 from engine.entrypoints.openai.request_body import MAX_BODY_BYTES
-from engine.entrypoints.openai.serving import RunningServer, bind, serve_in_thread
+from engine.entrypoints.openai.serving import RunningServer, bind, serve_in_thread, uvicorn_server
 
 __all__ = [
     "ExposedWithoutKeyError",
@@ -57,5 +60,6 @@ __all__ = [
     "model_name_for",
     "require_key_beyond_loopback",
     "serve_in_thread",
+    "uvicorn_server",
     "served_models",
 ]

@@ -1,6 +1,8 @@
 """Running the app: uvicorn on a background thread, on a socket bound first
 so that a busy port is an error the caller sees, and port 0 picks a free one
 without a race; a socket bound beyond loopback needs an API key (gate.py).
+`uvicorn_server` is how every server here (this one and the CLI's `serve`)
+configures uvicorn, with connections.py's timeouts and connection limit.
 uvicorn is imported only when a server starts."""
 
 from __future__ import annotations
@@ -26,13 +28,10 @@ class RunningServer:
     before it cancels them (their engine requests are aborted)."""
 
     def __init__(self, app: Any, sock: socket.socket, *, grace_s: float = 2.0) -> None:
-        import uvicorn
-
         self.app = app
         self.host, self.port = sock.getsockname()[:2]
         self._sock = sock
-        config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=grace_s)
-        self._server = uvicorn.Server(config)
+        self._server = uvicorn_server(app, grace_s=grace_s)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
                                         name="tandem-openai-server", daemon=True)
         self._thread.start()
@@ -69,6 +68,14 @@ class RunningServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def uvicorn_server(app: Any, *, grace_s: float) -> Any:
+    """The uvicorn.Server serving `app` (`.run(sockets=[sock])`): quiet, no lifespan,
+    `grace_s` for requests still running at shutdown, and connections.py's guards."""
+    from engine.entrypoints.openai.connections import guarded_server
+
+    return guarded_server(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=grace_s)
 
 
 def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
