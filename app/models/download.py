@@ -10,8 +10,14 @@ pause nor be cancelled cleanly:
   connection or a restart of Tandem (the same repository at the same commit
   finds the same part file). A file the user's Hugging Face cache already
   holds at that commit is copied from there instead.
-- Each file's SHA-256 is checked against the repository's metadata before
-  it is used; a mismatch deletes it (ChecksumMismatchError).
+- The Hub is untrusted: the commit and every file name were checked by
+  app/models/hub.py, and each path is built as `folder / name` and checked
+  to stay inside `folder` (`inside`) before anything is written or deleted
+  there. Nothing past a file's listed size is written, and a download must
+  keep moving (STALL_BYTES in every STALL_SECONDS) or it stops as a lost
+  connection.
+- Each file's size and SHA-256 are checked against the repository's
+  metadata before it is used; a mismatch deletes it (ChecksumMismatchError).
 - Then it is registered like an import: a GGUF file through the GGUF
   importer (kept quantized; the download is deleted afterwards), a
   safetensors folder checked with the engine's rules and moved into
@@ -19,9 +25,11 @@ pause nor be cancelled cleanly:
   succeeds, and a failure leaves no half model registered.
 
 Pausing keeps the part files (DownloadPausedError), cancelling deletes them
-(DownloadCancelledError). A full disk deletes them too (to give the space
-back) and says how much is needed; 401/403 says how to accept a gated
-licence and set HF_TOKEN; a lost connection says that Resume continues.
+(DownloadCancelledError). Cleaning up deletes the files this download wrote,
+then their folder only if that left it empty: never a whole tree. A full
+disk deletes them too (to give the space back) and says how much is needed;
+401/403 says how to accept a gated licence and set HF_TOKEN; a lost or
+stalled connection says that Resume continues.
 
 Blocking: call it off the GUI thread. No Qt and no torch at import.
 """
@@ -38,7 +46,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from app.models.entries import ModelEntry, slug
 from app.models.errors import (
@@ -48,6 +56,7 @@ from app.models.errors import (
     HubAccessError,
     HubError,
     HubOfflineError,
+    HubSlowError,
     ModelError,
     ModelStorageError,
 )
@@ -57,9 +66,12 @@ from app.models.hub import (
     RepoFiles,
     access_message,
     auth_headers,
-    hub_endpoint,
+    check_commit,
+    check_file_name,
+    check_repo_id,
     refuse_offline_mode,
 )
+from app.models.hub_http import content_length, hub_endpoint, hub_host, hub_read, hub_stream, whole_number
 from engine.progress import format_bytes
 
 if TYPE_CHECKING:
@@ -69,7 +81,14 @@ log = logging.getLogger(__name__)
 
 DOWNLOADS_FOLDER = ".downloads"
 _CHUNK = 1 << 20
-_TIMEOUT = 30.0
+# A download must keep moving: at least STALL_BYTES in every STALL_SECONDS,
+# its first answer included, or it stops as a lost connection (the part is
+# kept for Resume). An overall deadline would cut a big model on a slow line;
+# this cuts a server that trickles a byte every few seconds, which the
+# per-read timeout never does. Module constants: the tests shrink them.
+STALL_SECONDS = 60.0
+STALL_BYTES = 64 << 10
+MAX_SMALL_FILE_BYTES = 4 << 20  # config.json, read whole for the memory estimate
 
 
 @dataclass(slots=True)
@@ -130,31 +149,53 @@ def file_url(repo_id: str, commit: str, name: str) -> str:
 
 
 def download_folder(imports_dir: Path, listing: RepoFiles) -> Path:
-    """Where the part files of this repository at this commit are kept."""
-    return imports_dir / DOWNLOADS_FOLDER / f"{slug(listing.repo_id)}-{listing.commit[:12]}"
+    """Where the part files of this repository at this commit are kept:
+    `.downloads/<repo slug>-<commit[:12]>`, the commit 40 hex digits."""
+    repo_id = check_repo_id(listing.repo_id)
+    commit = check_commit(listing.commit, repo_id)
+    return inside(imports_dir / DOWNLOADS_FOLDER, f"{slug(repo_id)}-{commit[:12]}", repo_id)
+
+
+def inside(base: Path, name: str, repo_id: str) -> Path:
+    """`base / name`, refused unless it stays inside `base` once '..' and
+    links are resolved: the last check before anything is written or deleted."""
+    path = base / name
+    resolved, root = path.resolve(), base.resolve()
+    if resolved != root and resolved.is_relative_to(root):
+        return path
+    raise HubError(f"{path} leads outside {base} (a link?); nothing was written or deleted there. Remove it and "
+                   f"download {repo_id} again.")
+
+
+def _file_path(folder: Path, listing: RepoFiles, name: str) -> Path:
+    return inside(folder, check_file_name(name, listing.repo_id), listing.repo_id)
 
 
 def fetch_range(repo_id: str, commit: str, name: str, start: int, length: int) -> bytes:
-    """`length` bytes of a file from `start` (a GGUF header, for the estimate)."""
-    return _get_bytes(repo_id, commit, name, {"Range": f"bytes={start}-{start + max(0, length) - 1}"})
+    """`length` bytes of a file from `start` (a GGUF header, for the
+    estimate), never more: a server that ignores the Range and sends the
+    whole file is read only that far."""
+    if length <= 0:
+        return b""
+    status, body = _get_bytes(repo_id, commit, name, {"Range": f"bytes={start}-{start + length - 1}"},
+                              limit=length, cut=True)
+    if status == 200 and start:
+        raise HubError(f"{hub_host()} ignored the range asked of {name}; try again later.")
+    return body
 
 
 def fetch_small(repo_id: str, commit: str, name: str) -> bytes:
-    """A whole small file (config.json)."""
-    return _get_bytes(repo_id, commit, name, {})
+    """A whole small file (config.json), at most MAX_SMALL_FILE_BYTES."""
+    return _get_bytes(repo_id, commit, name, {}, limit=MAX_SMALL_FILE_BYTES)[1]
 
 
-def _get_bytes(repo_id: str, commit: str, name: str, extra: dict[str, str]) -> bytes:
-    import httpx
-
+def _get_bytes(repo_id: str, commit: str, name: str, extra: dict[str, str], *, limit: int,
+               cut: bool = False) -> tuple[int, bytes]:
     refuse_offline_mode()
-    try:
-        response = httpx.get(file_url(repo_id, commit, name), headers={**auth_headers(), **extra},
-                             timeout=_TIMEOUT, follow_redirects=True)
-    except httpx.HTTPError as exc:
-        raise HubOfflineError(f"Hugging Face cannot be reached ({type(exc).__name__}); check the network.") from exc
-    _raise_for_status(response.status_code, repo_id, name)
-    return response.content
+    status, body = hub_read(file_url(repo_id, commit, name), what=name, limit=limit, cut=cut,
+                            headers={**auth_headers(), **extra})
+    _raise_for_status(status, repo_id, name)
+    return status, body
 
 
 def _raise_for_status(status: int, repo_id: str, name: str) -> None:
@@ -162,8 +203,8 @@ def _raise_for_status(status: int, repo_id: str, name: str) -> None:
         raise HubAccessError(access_message(repo_id))
     if status == 404:
         raise HubError(f"{repo_id} has no file '{name}' at this revision; search again to see its files.")
-    if status >= 400:
-        raise HubError(f"Hugging Face answered {status} for {repo_id}/{name}; try again later.")
+    if status not in (200, 206):
+        raise HubError(f"{hub_host()} answered {status} for {repo_id}/{name}; try again later.")
 
 
 # ---------------------------------------------------------------------------
@@ -186,12 +227,14 @@ def download_choice(
     control = control or DownloadControl()
     report = on_progress or (lambda progress: None)
     refuse_offline_mode()
-    _refuse_duplicate(registry, listing, choice)
     folder = download_folder(registry.imports_dir, listing)
+    for remote in choice.files:  # every name checked before anything is written
+        _file_path(folder, listing, remote.name + ".part")
+    _refuse_duplicate(registry, listing, choice)
     total = choice.size
     try:
         _make_folder(folder)
-        _check_space(folder, choice)
+        _check_space(folder, listing, choice)
         meter = _Meter(total, report)
         for remote in choice.files:
             _fetch_file(listing, remote, folder, meter, control)
@@ -201,31 +244,66 @@ def download_choice(
             entry = _register_gguf(registry, listing, choice, folder, report, control)
         else:
             entry = _register_folder(registry, listing, choice, folder, report)
-    except DownloadPausedError:
-        raise
-    except HubOfflineError:
-        raise  # the part files stay: Resume continues from them
-    except DownloadCancelledError:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
+    except (DownloadPausedError, HubOfflineError, KeyboardInterrupt):
+        raise  # the part files stay: Resume (or the same command, after Ctrl+C) continues from them
     except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
+        _discard(folder, listing, choice.files)
         raise
-    shutil.rmtree(folder, ignore_errors=True)
+    _discard(folder, listing, choice.files)
     log.info("downloaded %s (%s) as %s", listing.repo_id, choice.label, entry.id)
     return entry
 
 
 def partial_bytes(imports_dir: Path, listing: RepoFiles, choice: FileChoice) -> int:
     """How much of `choice` a paused or interrupted download has kept."""
-    folder = download_folder(imports_dir, listing)
+    try:
+        folder = download_folder(imports_dir, listing)
+        candidates = [(_file_path(folder, listing, f.name), _file_path(folder, listing, f.name + ".part"))
+                      for f in choice.files]
+    except HubError:
+        return 0  # a listing no download can use kept nothing
     done = 0
-    for remote in choice.files:
-        for candidate in (folder / remote.name, folder / (remote.name + ".part")):
+    for paths in candidates:
+        for candidate in paths:
             if candidate.is_file():
                 done += candidate.stat().st_size
                 break
     return done
+
+
+def discard_download(imports_dir: Path, listing: RepoFiles, choice: FileChoice | None = None) -> None:
+    """Delete what a paused download of `choice` (None: of any choice of
+    `listing`) kept; see `_discard`."""
+    chosen = (choice,) if choice is not None else listing.choices
+    files = {f.name: f for c in chosen for f in c.files}
+    _discard(download_folder(imports_dir, listing), listing, files.values())
+
+
+def _discard(folder: Path, listing: RepoFiles, files: Iterable[RemoteFile]) -> None:
+    """Delete each of `files` and its part from `folder`, then `folder` (and
+    the downloads folder) if that left it empty. Never a whole tree: what
+    else is there, another choice's paused parts, stays."""
+    for remote in files:
+        for name in (remote.name, remote.name + ".part"):
+            path = _file_path(folder, listing, name)
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:  # a folder by that name, say: not ours to remove
+                log.warning("could not delete %s: %s", path, exc)
+        parent = path.parent
+        while parent != folder and parent.is_relative_to(folder):  # a name with folders in it
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+            parent = parent.parent
+    for empty in (folder, folder.parent):
+        try:
+            empty.rmdir()
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return  # not empty: kept
 
 
 class _Meter:
@@ -252,11 +330,11 @@ class _Meter:
 
 
 def _fetch_file(listing: RepoFiles, remote: RemoteFile, folder: Path, meter: _Meter, control: DownloadControl) -> None:
-    final = folder / remote.name
+    final = _file_path(folder, listing, remote.name)
     if final.is_file() and final.stat().st_size == remote.size:
         meter.add_existing(remote.size)  # checked in an earlier run
         return
-    part = folder / (remote.name + ".part")
+    part = _file_path(folder, listing, remote.name + ".part")
     part.parent.mkdir(parents=True, exist_ok=True)
     cached = _from_hf_cache(listing, remote)
     if cached is not None:
@@ -288,8 +366,6 @@ def _copy(source: Path, part: Path) -> None:
 
 
 def _stream(listing: RepoFiles, remote: RemoteFile, part: Path, meter: _Meter, control: DownloadControl) -> None:
-    import httpx
-
     offset = part.stat().st_size if part.is_file() else 0
     if offset > remote.size:
         part.unlink()
@@ -300,7 +376,7 @@ def _stream(listing: RepoFiles, remote: RemoteFile, part: Path, meter: _Meter, c
         headers["Range"] = f"bytes={offset}-"
     url = file_url(listing.repo_id, listing.commit, remote.name)
     try:
-        with httpx.stream("GET", url, headers=headers, timeout=_TIMEOUT, follow_redirects=True) as response:
+        with hub_stream(url, what=remote.name, seconds=STALL_SECONDS, headers=headers) as (response, deadline):
             if response.status_code == 416 and offset == remote.size:
                 return  # complete already
             _raise_for_status(response.status_code, listing.repo_id, remote.name)
@@ -308,14 +384,21 @@ def _stream(listing: RepoFiles, remote: RemoteFile, part: Path, meter: _Meter, c
                 # The server sent the whole file: start over.
                 meter.done -= offset
                 offset = 0
+            elif offset and _range_start(response) != offset:
+                raise HubError(f"{hub_host()} answered the rest of {remote.name} with another part of it; it was "
+                               "deleted. Download it again.")
+            declared = content_length(response)
+            if declared is not None and declared > remote.size - offset:
+                raise _too_long(remote)
             try:
                 with part.open("r+b" if offset else "wb") as out:
                     out.seek(offset)
+                    moved = 0
                     # What the network delivers, as it arrives (a fixed chunk
                     # size would lose a half-filled chunk when the connection
                     # drops), written in pieces of at most _CHUNK so that a
                     # pause or a cancel is seen promptly.
-                    for chunk in _pieces(response.iter_bytes()):
+                    for chunk in _pieces(response.iter_raw()):
                         if control.cancel.is_set():
                             raise DownloadCancelledError(
                                 f"The download of {listing.repo_id} was cancelled; nothing was kept.")
@@ -323,16 +406,42 @@ def _stream(listing: RepoFiles, remote: RemoteFile, part: Path, meter: _Meter, c
                             raise DownloadPausedError(
                                 f"Paused after {format_bytes(meter.done)} of {format_bytes(meter.total)}; "
                                 "Resume continues from there.")
+                        if offset + len(chunk) > remote.size:
+                            raise _too_long(remote)  # not a byte past the listed size reaches the disk
                         _write(out, chunk)
+                        offset += len(chunk)
                         meter.add(remote.name, len(chunk))
+                        moved += len(chunk)
+                        if moved >= STALL_BYTES:
+                            deadline.extend()
+                            moved = 0
             except OSError as exc:
                 raise _storage_error(exc, part) from exc
-    except httpx.HTTPError as exc:
+    except HubSlowError as exc:
+        raise HubSlowError(
+            f"{hub_host()} sent less than {format_bytes(STALL_BYTES)} of {remote.name} in {STALL_SECONDS:g} s, "
+            f"after {format_bytes(meter.done)} of {format_bytes(meter.total)}. What was downloaded is kept: press "
+            f"Resume (or run `tandem models download {listing.repo_id}` again) to continue from there."
+        ) from exc
+    except HubOfflineError as exc:
         raise HubOfflineError(
             f"The connection to Hugging Face was lost after {format_bytes(meter.done)} of "
-            f"{format_bytes(meter.total)} ({type(exc).__name__}). What was downloaded is kept: press Resume "
-            f"(or run `tandem models download {listing.repo_id}` again) to continue from there."
+            f"{format_bytes(meter.total)} ({type(exc.__cause__ or exc).__name__}). What was downloaded is kept: "
+            f"press Resume (or run `tandem models download {listing.repo_id}` again) to continue from there."
         ) from exc
+
+
+def _range_start(response: Any) -> int | None:
+    """Where a 206's Content-Range ('bytes 100-999/1000') starts."""
+    unit, _, rest = response.headers.get("Content-Range", "").partition(" ")
+    return whole_number(rest.partition("-")[0]) if unit == "bytes" else None
+
+
+def _too_long(remote: RemoteFile) -> ChecksumMismatchError:
+    return ChecksumMismatchError(
+        f"{hub_host()} sent more of {remote.name} than the {remote.size:,} bytes the repository lists; the download "
+        "was stopped there and deleted. Download it again."
+    )
 
 
 def _pieces(chunks: Iterable[bytes]) -> Iterator[bytes]:
@@ -386,10 +495,9 @@ def _make_folder(folder: Path) -> None:
         raise _storage_error(exc, folder / "x") from exc
 
 
-def _check_space(folder: Path, choice: FileChoice) -> None:
-    needed = choice.size - sum(
-        (folder / (f.name + ".part")).stat().st_size for f in choice.files if (folder / (f.name + ".part")).is_file()
-    )
+def _check_space(folder: Path, listing: RepoFiles, choice: FileChoice) -> None:
+    parts = [_file_path(folder, listing, f.name + ".part") for f in choice.files]
+    needed = choice.size - sum(part.stat().st_size for part in parts if part.is_file())
     free = shutil.disk_usage(folder).free
     if needed > free:
         raise ModelStorageError(
@@ -425,7 +533,7 @@ def _register_gguf(registry: ModelRegistry, listing: RepoFiles, choice: FileChoi
     remote = choice.main_file
     report(DownloadProgress("import", remote.name, choice.size, choice.size))
     try:
-        return import_gguf_file(registry, folder / remote.name, cancel=control.cancel,
+        return import_gguf_file(registry, _file_path(folder, listing, remote.name), cancel=control.cancel,
                                 source=hub_source(listing, choice))
     except ImportCancelledError as exc:
         raise DownloadCancelledError(f"The download of {listing.repo_id} was cancelled; nothing was kept.") from exc
@@ -440,15 +548,23 @@ def _register_folder(registry: ModelRegistry, listing: RepoFiles, choice: FileCh
     report(DownloadProgress("import", name, choice.size, choice.size))
     source = hub_source(listing, choice)
     model_id = registry.reserve_import(source)
+    made = False
     try:
         dest = registry.imports_dir / model_id
         staging = staging_path(dest)
         try:
-            os.rename(folder, staging)
-            fsync_dir(staging.parent)
-        except OSError as exc:
-            raise _storage_error(exc, dest) from exc
-        try:
+            try:
+                staging.mkdir()
+                made = True
+                # Only this choice's files move: the download folder may hold another choice's paused parts.
+                for remote in choice.files:
+                    target = staging / remote.name
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(_file_path(folder, listing, remote.name), target)
+                fsync_dir(staging)
+                fsync_dir(staging.parent)
+            except OSError as exc:
+                raise _storage_error(exc, dest) from exc
             try:
                 check_model_folder(staging)
             except ModelError as exc:
@@ -460,7 +576,8 @@ def _register_folder(registry: ModelRegistry, listing: RepoFiles, choice: FileCh
                 discard_folder(dest)
                 raise
         except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
+            if made:  # the staging folder made just above (a fresh random name), never another
+                shutil.rmtree(staging, ignore_errors=True)
             raise
     finally:
         registry.release_import(model_id)

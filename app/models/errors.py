@@ -81,6 +81,10 @@ class HubOfflineError(HubError):
     """Hugging Face cannot be reached, or the connection was lost during a download."""
 
 
+class HubSlowError(HubOfflineError):
+    """The Hub kept a request open without sending enough in time (a stalled or trickling connection)."""
+
+
 class HubAccessError(HubError):
     """401/403: a gated repository whose licence is not accepted, or a private one without a token."""
 

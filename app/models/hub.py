@@ -1,16 +1,22 @@
 """Finding models on Hugging Face: search, a repository's files, and what fits.
 
-`search_models(text)` asks the Hub (huggingface_hub's HfApi, so HF_ENDPOINT
-and HF_TOKEN are respected) for model repositories and keeps those Tandem
-runs: Llama-family architectures (engine/model/config.py
-SUPPORTED_MODEL_TYPES) stored as GGUF files or as a safetensors folder.
-`repo_files(repo_id)` lists a repository's downloadable choices — each GGUF
-quantization, or the safetensors folder as one choice — with sizes and the
-SHA-256 the Hub keeps for each large file. `assess_choices` says for each
-choice whether it fits this machine's free memory and disk, with the memory
-estimate from the engine's own sizing rules (app/models/memory_estimate.py)
-on the model's shape, read from a GGUF header fetched by range or from
-config.json, and picks a recommended one.
+`search_models(text)` asks the Hub (HF_ENDPOINT, a mirror or a company proxy
+included, with HF_TOKEN) for model repositories and keeps those Tandem runs:
+Llama-family architectures (engine/model/config.py SUPPORTED_MODEL_TYPES)
+stored as GGUF files or as a safetensors folder. `repo_files(repo_id)` lists a
+repository's downloadable choices — each GGUF quantization, or the
+safetensors folder as one choice — with sizes and the SHA-256 the Hub keeps
+for each large file. `assess_choices` says for each choice whether it fits
+this machine's free memory and disk, with the memory estimate from the
+engine's own sizing rules (app/models/memory_estimate.py) on the model's
+shape, read from a GGUF header fetched by range or from config.json, and
+picks a recommended one.
+
+Whatever answers on HF_ENDPOINT is untrusted (docs/security.md): every
+request goes through `hub_read`/`hub_stream`, which read at most what was
+asked within a wall-clock deadline, and every name the Hub sends is checked
+here (`check_repo_id`, `check_commit`, `check_file_name`) before app/models
+builds a path or a request from it. A malformed answer is a HubError.
 
 No Qt and no torch at import: `tandem models` runs without either; the
 estimate imports them only when asked.
@@ -19,7 +25,7 @@ estimate imports them only when asked.
 from __future__ import annotations
 
 import json
-import os
+import logging
 import re
 import shutil
 import tempfile
@@ -27,10 +33,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
-from urllib.parse import urlparse
+from typing import Any, Literal, TypeGuard
+from urllib.parse import quote
 
-from app.models.errors import HubError, HubOfflineError, HubAccessError
+from app.models.errors import HubAccessError, HubError, HubOfflineError, ModelError
+from app.models.hub_http import hub_endpoint, hub_host, hub_read, shown
+from engine.errors import EngineError
+
+log = logging.getLogger(__name__)
 
 # engine/model/config.py SUPPORTED_MODEL_TYPES, and the GGUF architecture names that import to them.
 RUNNABLE_ARCHITECTURES = ("llama", "mistral", "qwen2")
@@ -50,20 +60,22 @@ _QUANT_RE = re.compile(r"(?i)(?:^|[-_.])((?:I?Q\d(?:_[A-Z0-9]+)*)|BF16|F16|F32)(
 _HEADER_BYTES = (8 << 20, 48 << 20)
 _PROBE_TIMEOUT = 5.0
 
+# A search answer or a repository's file list: a real one is well under a
+# megabyte; parsed, the JSON takes about 20 times its size.
+MAX_LISTING_BYTES = 16 << 20
+MAX_FILE_BYTES = 1 << 40  # a size beyond this in a file list is a lie, not a model
+
+# Names as the Hub allows them (huggingface_hub's validate_repo_id, ASCII only).
+_REPO_PART = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
+_REPO_ID = re.compile(rf"(?:{_REPO_PART}/)?{_REPO_PART}")
+_REVISION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]{0,254}")
+_COMMIT = re.compile(r"[0-9a-fA-F]{40}")
+_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
+_DRIVE = re.compile(r"[A-Za-z]:")
+# One part of a file name, in bytes: room left for ".part" and the OS's 255.
+_MAX_NAME_PART = 200
+
 ChoiceKind = Literal["gguf", "folder"]
-
-
-def hub_endpoint() -> str:
-    """The Hub's address: HF_ENDPOINT (a mirror, or the tests' local server) or huggingface.co."""
-    from huggingface_hub import constants
-
-    return os.environ.get("HF_ENDPOINT", constants.ENDPOINT).rstrip("/")
-
-
-def hub_api() -> Any:
-    from huggingface_hub import HfApi
-
-    return HfApi(endpoint=hub_endpoint())
 
 
 def auth_headers() -> dict[str, str]:
@@ -83,18 +95,115 @@ def refuse_offline_mode() -> None:
         )
 
 
-def check_reachable() -> None:
-    """One quick request, so that being offline is said in seconds (the
-    library retries a refused connection for half a minute)."""
-    import httpx
+# ---------------------------------------------------------------------------
+# Names the Hub sends: the one place they are checked
 
+
+def malformed(repo_id: str, detail: str) -> HubError:
+    return HubError(f"The file list {hub_host()} sent for {repo_id} cannot be used: {detail}. "
+                    "Nothing was downloaded; check HF_ENDPOINT or try again later.")
+
+
+def is_repo_id(value: object) -> TypeGuard[str]:
+    return isinstance(value, str) and bool(_REPO_ID.fullmatch(value)) and ".." not in value and "--" not in value
+
+
+def check_repo_id(value: object, answered_for: str | None = None) -> str:
+    """`value` as an 'owner/name' repository id, or HubError. `answered_for`:
+    the id the user asked for, when `value` is what the Hub answered."""
+    if is_repo_id(value):
+        return value
+    if answered_for is not None:
+        raise malformed(answered_for, f"it gives the repository id {shown(value)}")
+    raise HubError(f"{shown(value)} is not a Hugging Face repository id: it is owner/name, in letters, digits, "
+                   "'-', '_' and '.'.")
+
+
+def check_revision(value: object) -> str:
+    if isinstance(value, str) and _REVISION.fullmatch(value) and ".." not in value:
+        return value
+    raise HubError(f"{shown(value)} is not a revision: give a branch, a tag or a commit.")
+
+
+def check_commit(value: object, repo_id: str) -> str:
+    """The commit a listing is downloaded at: exactly 40 hex digits (it names a folder on disk)."""
+    if isinstance(value, str) and _COMMIT.fullmatch(value):
+        return value.lower()
+    raise malformed(repo_id, f"its commit is {shown(value)}, not 40 hex digits")
+
+
+def check_file_name(value: object, repo_id: str) -> str:
+    """A file name from the Hub as a relative path that stays inside the
+    folder it is downloaded to: no '..', no absolute or drive path, no
+    backslash (Windows reads `..\\x` as a parent), no control character."""
+    problem = _name_problem(value)
+    if problem is None:
+        assert isinstance(value, str)
+        return value
+    raise malformed(repo_id, f"it names a file {shown(value)}, {problem}")
+
+
+def _name_problem(name: object) -> str | None:
+    if not isinstance(name, str):
+        return "which is not text"
+    if not name:
+        return "which is empty"
+    if not name.isprintable():
+        return "with a control character in it"
+    if "\\" in name:
+        return "with a backslash in it"
+    if name.startswith("/") or _DRIVE.match(name):
+        return "which is an absolute path"
+    parts = name.split("/")
+    if ".." in parts:
+        return "which leads out of its folder"
+    if any(part in ("", ".") for part in parts):
+        return "with an empty part"
+    if any(len(part.encode("utf-8", "surrogatepass")) > _MAX_NAME_PART for part in parts):
+        return f"with a part longer than {_MAX_NAME_PART} bytes"
+    return None
+
+
+def _label(value: object, limit: int = 64) -> str | None:
+    """A short text the Hub sent (a licence) without control characters, or None."""
+    if not isinstance(value, str):
+        return None
+    text = "".join(ch for ch in value[:limit] if ch.isprintable()).strip()
+    return text or None
+
+
+def _count(value: object) -> int | None:
+    return value if type(value) is int and value >= 0 else None
+
+
+def _object(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+# ---------------------------------------------------------------------------
+# Requests (each bounded by app/models/hub_http.py)
+
+
+def _hub_json(url: str, *, what: str, params: dict[str, Any] | None = None) -> tuple[int, Any]:
+    status, body = hub_read(url, what=what, limit=MAX_LISTING_BYTES, headers=auth_headers(), params=params)
+    if status != 200:
+        return status, None
+    try:
+        return status, json.loads(body)
+    except (ValueError, RecursionError) as exc:  # not JSON or not UTF-8, a 5,000-digit number, deep nesting
+        raise HubError(f"{hub_host()} answered {what} with something that is not JSON Tandem can read; "
+                       "check HF_ENDPOINT or try again later.") from exc
+
+
+def check_reachable() -> None:
+    """One quick request, so that being offline is said in seconds."""
     refuse_offline_mode()
     try:
-        httpx.get(f"{hub_endpoint()}/api/models", params={"limit": 1}, timeout=_PROBE_TIMEOUT)
-    except httpx.HTTPError as exc:
-        host = urlparse(hub_endpoint()).netloc or hub_endpoint()
+        hub_read(f"{hub_endpoint()}/api/models", what="a test request", limit=64 << 10, cut=True,
+                 params={"limit": 1}, seconds=_PROBE_TIMEOUT)
+    except HubOfflineError as exc:
         raise HubOfflineError(
-            f"You seem to be offline: {host} cannot be reached. Models on this computer work as usual."
+            f"You seem to be offline: {hub_host()} cannot be reached. Models on this computer work as usual."
         ) from exc
 
 
@@ -133,23 +242,42 @@ def search_models(text: str, sort: str = "downloads", limit: int = 30) -> list[H
         raise HubError(f"Unknown sort '{sort}': choose {', '.join(SORT_KEYS)}.")
     check_reachable()
     expand = ["downloads", "likes", "lastModified", "tags", "gguf", "safetensors", "config", "cardData", "gated"]
+    # Asked for more than shown: the filter below drops other architectures.
+    params: dict[str, Any] = {"sort": SORT_KEYS[sort], "limit": limit * 3, "expand": expand}
+    if text:
+        params["search"] = text
+    status, answer = _hub_json(f"{hub_endpoint()}/api/models", what="the search", params=params)
+    if status in (401, 403):
+        raise HubAccessError(f"{hub_host()} refused the token Tandem sent (HF_TOKEN, or the one `hf auth login` "
+                             "saved); set a valid read token or remove it, then search again.")
+    if status != 200:
+        raise HubError(f"{hub_host()} answered {status} to the search; try again later.")
+    if not isinstance(answer, list):
+        raise HubError(f"{hub_host()} answered the search with something other than a list of models; "
+                       "check HF_ENDPOINT or try again later.")
     found: list[HubModel] = []
-    with _hub_errors("search"):
-        # Asked for more than shown: the filter below drops other architectures.
-        for info in hub_api().list_models(search=text or None, sort=SORT_KEYS[sort], limit=limit * 3, expand=expand):
-            model = _runnable(info)
-            if model is not None:
-                found.append(model)
-            if len(found) >= limit:
-                break
+    for item in answer:
+        model = _runnable(item)
+        if model is not None:
+            found.append(model)
+        if len(found) >= limit:
+            break
     return found
 
 
-def _runnable(info: Any) -> HubModel | None:
-    tags = set(info.tags or ())
-    gguf = info.gguf if isinstance(info.gguf, dict) else {}
-    config = info.config if isinstance(info.config, dict) else {}
-    architecture = str(gguf.get("architecture") or config.get("model_type") or "")
+def _runnable(item: Any) -> HubModel | None:
+    """A search result Tandem runs, or None (another architecture, or an
+    entry it cannot read: one odd entry is not a failed search)."""
+    if not isinstance(item, dict):
+        return None
+    repo_id = item.get("id") or item.get("modelId")
+    if not is_repo_id(repo_id):
+        return None
+    raw_tags = item.get("tags")
+    tags = {t for t in raw_tags if isinstance(t, str)} if isinstance(raw_tags, list) else set()
+    gguf, config = _object(item.get("gguf")), _object(item.get("config"))
+    named = gguf.get("architecture") or config.get("model_type")
+    architecture = named if isinstance(named, str) else ""
     if not architecture:
         architecture = next((t for t in tags if t in RUNNABLE_ARCHITECTURES), "")
     if architecture not in RUNNABLE_ARCHITECTURES:
@@ -157,17 +285,25 @@ def _runnable(info: Any) -> HubModel | None:
     formats = tuple(f for f in ("gguf", "safetensors") if f in tags or (f == "gguf" and gguf))
     if not formats:
         return None
-    parameters = gguf.get("total")
-    if parameters is None and info.safetensors is not None:
-        parameters = info.safetensors.total
-    card = info.card_data
-    license_name = (card.get("license") if card is not None else None) or next(
-        (t.removeprefix("license:") for t in tags if t.startswith("license:")), None)
+    parameters = _count(gguf.get("total"))
+    if parameters is None:
+        parameters = _count(_object(item.get("safetensors")).get("total"))
+    license_name = _label(_object(item.get("cardData")).get("license")) or next(
+        (_label(t.removeprefix("license:")) for t in sorted(tags) if t.startswith("license:")), None)
     return HubModel(
-        repo_id=info.id, formats=formats, architecture=architecture, downloads=info.downloads, likes=info.likes,
-        last_modified=info.last_modified, license=license_name,
-        parameters=int(parameters) if parameters else None, gated=bool(info.gated),
+        repo_id=repo_id, formats=formats, architecture=architecture, downloads=_count(item.get("downloads")),
+        likes=_count(item.get("likes")), last_modified=_time(item.get("lastModified")), license=license_name,
+        parameters=parameters or None, gated=bool(item.get("gated")),
     )
+
+
+def _time(value: object) -> datetime | None:
+    if not isinstance(value, str) or len(value) > 64:
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        return None
 
 
 # ---------------------------------------------------------------------------
@@ -176,7 +312,7 @@ def _runnable(info: Any) -> HubModel | None:
 
 @dataclass(slots=True, frozen=True)
 class RemoteFile:
-    name: str  # path inside the repository
+    name: str  # path inside the repository, checked by check_file_name
     size: int
     sha256: str | None  # the Hub's LFS hash; None for a small file kept in git
 
@@ -204,7 +340,7 @@ class FileChoice:
 @dataclass(slots=True, frozen=True)
 class RepoFiles:
     repo_id: str
-    commit: str  # the revision every file is downloaded at, so the set stays consistent
+    commit: str  # 40 hex digits: the revision every file is downloaded at, so the set stays consistent
     choices: tuple[FileChoice, ...]
     license: str | None = None
     gated: bool = False
@@ -222,26 +358,64 @@ class RepoFiles:
             if any(f.name == file_name for f in choice.files) or choice.label == file_name:
                 return choice
         names = ", ".join(c.main_file.name if c.kind == "gguf" else "safetensors" for c in self.choices)
-        raise HubError(f"{self.repo_id} has no file '{file_name}'. Its choices: {names}.")
+        raise HubError(f"{self.repo_id} has no file {shown(file_name)}. Its choices: {names}.")
 
 
 def repo_files(repo_id: str, revision: str | None = None) -> RepoFiles:
     """The downloadable choices of a repository, with sizes and SHA-256.
 
     Raises HubOfflineError, HubAccessError (gated or private), HubError
-    (no such repository, or nothing Tandem runs in it)."""
+    (no such repository, nothing Tandem runs in it, or an answer that
+    cannot be used: a commit that is not 40 hex digits, an unsafe file name,
+    a size or hash of the wrong kind)."""
+    repo_id = check_repo_id(repo_id)
+    url = f"{hub_endpoint()}/api/models/{repo_id}"
+    if revision is not None:
+        url += f"/revision/{quote(check_revision(revision), safe='')}"
     check_reachable()
-    with _hub_errors(repo_id):
-        info = hub_api().model_info(repo_id, revision=revision, files_metadata=True)
-    files = [
-        RemoteFile(s.rfilename, int(s.size or (s.lfs.size if s.lfs else 0) or 0), s.lfs.sha256 if s.lfs else None)
-        for s in info.siblings or ()
-    ]
-    card = info.card_data
+    status, answer = _hub_json(url, what=f"the file list of {repo_id}", params={"blobs": "true"})
+    if status in (401, 403):
+        raise HubAccessError(access_message(repo_id))
+    if status == 404:
+        raise HubError(f"There is no model repository '{repo_id}' on {hub_endpoint()} (or it is private: "
+                       "set HF_TOKEN to a token that may read it).")
+    if status != 200:
+        raise HubError(f"{hub_host()} answered {status} for {repo_id}; try again later.")
+    return parse_listing(answer, repo_id)
+
+
+def parse_listing(answer: Any, asked: str) -> RepoFiles:
+    """A model-info answer (`/api/models/{repo}?blobs=true`) as RepoFiles, every name and number checked."""
+    if not isinstance(answer, dict):
+        raise malformed(asked, "it is not a JSON object")
+    repo_id = check_repo_id(answer.get("id") or asked, answered_for=asked)
+    commit = check_commit(answer.get("sha"), repo_id)
+    siblings = answer.get("siblings") or []
+    if not isinstance(siblings, list):
+        raise malformed(repo_id, "its list of files is not a list")
+    files = [_remote_file(item, repo_id) for item in siblings]
     return RepoFiles(
-        repo_id=info.id or repo_id, commit=info.sha or revision or "main", choices=tuple(file_choices(files)),
-        license=card.get("license") if card is not None else None, gated=bool(info.gated),
+        repo_id=repo_id, commit=commit, choices=tuple(file_choices(files)),
+        license=_label(_object(answer.get("cardData")).get("license")), gated=bool(answer.get("gated")),
     )
+
+
+def _remote_file(item: Any, repo_id: str) -> RemoteFile:
+    if not isinstance(item, dict):
+        raise malformed(repo_id, f"it lists {shown(item)} as a file")
+    name = check_file_name(item.get("rfilename"), repo_id)
+    lfs = item.get("lfs")
+    if lfs is not None and not isinstance(lfs, dict):
+        raise malformed(repo_id, f"the LFS entry of {shown(name)} is not an object")
+    size = item.get("size")
+    if size is None and lfs is not None:
+        size = lfs.get("size")
+    if type(size) is not int or not 0 <= size <= MAX_FILE_BYTES:
+        raise malformed(repo_id, f"the size of {shown(name)} is {shown(size)}, not a number of bytes")
+    sha256 = lfs.get("sha256") if lfs is not None else None
+    if sha256 is not None and not (isinstance(sha256, str) and _SHA256.fullmatch(sha256)):
+        raise malformed(repo_id, f"the SHA-256 of {shown(name)} is {shown(sha256)}, not 64 hex digits")
+    return RemoteFile(name, size, sha256.lower() if sha256 is not None else None)
 
 
 def file_choices(files: Iterable[RemoteFile]) -> list[FileChoice]:
@@ -375,9 +549,12 @@ def _memory_needed(choice: FileChoice, shape: Any, device: str) -> int | None:
 
 
 def _shape_or_none(listing: RepoFiles, choice: FileChoice) -> Any:
+    """The shape, or None: the estimate is a hint, and a header or config.json
+    the Hub cannot give or the engine cannot read leaves it "unknown"."""
     try:
         return model_shape(listing, choice)
-    except (HubError, OSError, ValueError):
+    except (ModelError, EngineError, OSError, ValueError, RecursionError) as exc:
+        log.info("no memory estimate for %s (%s): %s", listing.repo_id, choice.label, exc)
         return None
 
 
@@ -395,7 +572,6 @@ def model_shape(listing: RepoFiles, choice: FileChoice) -> Any:
             (Path(tmp) / "config.json").write_bytes(fetch_small(listing.repo_id, listing.commit, "config.json"))
             return ModelShape.from_config(ModelConfig.from_folder(Path(tmp)))
     from app.models.checks import read_gguf_summary
-    from app.models.errors import ModelError
 
     remote = choice.main_file
     last_error: Exception | None = None
@@ -413,39 +589,6 @@ def model_shape(listing: RepoFiles, choice: FileChoice) -> Any:
         if length >= remote.size:
             break
     raise HubError(f"The header of {remote.name} could not be read: {last_error}")
-
-
-class _hub_errors:
-    """huggingface_hub's and httpx's errors as HubError subclasses that say what to do."""
-
-    def __init__(self, what: str) -> None:
-        self.what = what
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _tb: Any) -> bool:
-        if exc is None or isinstance(exc, HubError):
-            return False
-        import httpx
-        from huggingface_hub import errors as hf_errors
-
-        if isinstance(exc, (hf_errors.GatedRepoError,)) or _status(exc) in (401, 403):
-            raise HubAccessError(access_message(self.what)) from exc
-        if isinstance(exc, hf_errors.RepositoryNotFoundError) or _status(exc) == 404:
-            raise HubError(f"There is no model repository '{self.what}' on {hub_endpoint()} (or it is private: "
-                           "set HF_TOKEN to a token that may read it).") from exc
-        if isinstance(exc, httpx.HTTPError):
-            raise HubOfflineError(f"The connection to {hub_endpoint()} was lost ({type(exc).__name__}); "
-                                  "check the network and try again.") from exc
-        if isinstance(exc, (hf_errors.HfHubHTTPError, json.JSONDecodeError)):
-            raise HubError(f"Hugging Face answered with an error for {self.what}: {exc}") from exc
-        return False
-
-
-def _status(exc: BaseException) -> int | None:
-    response = getattr(exc, "response", None)
-    return getattr(response, "status_code", None)
 
 
 def access_message(repo_id: str) -> str:

@@ -13,13 +13,24 @@ Tests put repositories in `server.repos` and switch faults on: `forbidden`
 (repo ids answered 403), `drop_after` (file name -> bytes after which the
 connection is cut, once), `wrong_sha` (file names whose listed SHA-256 is
 wrong), `ignore_range` (answer 200 with the whole file).
+
+A hostile hub (tests/app/test_hostile_hub.py) lies per repository, through
+FakeRepo's fields: `info_patch` rewrites the model-info answer (any JSON
+value, or raw bytes), `redirect_loop` answers it with a redirect to itself,
+`served` sends other bytes for a file than the listing describes (with
+`length` "honest", "none": no Content-Length, the body ends when the
+connection closes), `ignore_range`, `gzip_info` (a compressed answer nobody
+asked for), `slow_info` / `slow_headers` / `slow_file` send one byte every
+so many seconds, and `endless_info` / `endless_file` never stop sending.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -41,6 +52,18 @@ class FakeRepo:
     config: dict[str, Any] | None = None
     gated: bool | str = False
     lfs_min_size: int = 0  # files at least this big get an LFS entry (real repos: the weights)
+    # Lies (see the module docstring).
+    info_patch: Callable[[dict[str, Any]], Any] | None = None
+    redirect_loop: bool = False
+    served: dict[str, bytes] = field(default_factory=dict)
+    length: str = "honest"
+    ignore_range: bool = False
+    gzip_info: bool = False
+    slow_info: float = 0.0
+    slow_headers: float = 0.0
+    slow_file: float = 0.0
+    endless_info: bool = False
+    endless_file: bool = False
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -65,8 +88,10 @@ class FakeHub(ThreadingHTTPServer):
         self.drop_after: dict[str, int] = {}
         self.wrong_sha: set[str] = set()
         self.ignore_range = False
+        self.stopping = threading.Event()  # ends the slow senders
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range)
-        self._thread = threading.Thread(target=self.serve_forever, name="fake-hf-hub", daemon=True)
+        # A short poll: stop() waits for it, once per test.
+        self._thread = threading.Thread(target=self.serve_forever, args=(0.05,), name="fake-hf-hub", daemon=True)
 
     @property
     def endpoint(self) -> str:
@@ -77,6 +102,7 @@ class FakeHub(ThreadingHTTPServer):
         return self
 
     def stop(self) -> None:
+        self.stopping.set()
         self.shutdown()
         self.server_close()
 
@@ -101,7 +127,8 @@ class FakeHub(ThreadingHTTPServer):
                     sha = "0" * 64
                 sibling["lfs"] = {"size": len(data), "sha256": sha, "pointerSize": 134}
             siblings.append(sibling)
-        return {**repo.summary(), "sha": COMMIT, "siblings": siblings, "private": False}
+        info = {**repo.summary(), "sha": COMMIT, "siblings": siblings, "private": False}
+        return repo.info_patch(info) if repo.info_patch is not None else info
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -134,7 +161,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._json(404, {"error": "not found"})
 
     def _json(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
-        data = json.dumps(body).encode()
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -143,13 +170,30 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _forever(self, start: bytes, filler: bytes) -> None:
+        """`start`, then `filler` over and over until the client hangs up."""
+        self.close_connection = True
+        self.wfile.write(start)
+        block = filler * (65536 // len(filler))
+        while not self.server.stopping.is_set():
+            self.wfile.write(block)
+
+    def _trickle(self, data: bytes, every: float) -> None:
+        """`data` one byte at a time, `every` seconds apart, until the client hangs up."""
+        for i in range(len(data)):
+            if self.server.stopping.wait(every):
+                return
+            self.wfile.write(data[i:i + 1])
+            self.wfile.flush()
+
     def _models(self, query: dict[str, list[str]]) -> None:
         text = (query.get("search") or [""])[0].lower()
         found = [r for r in self.server.repos.values() if text in r.repo_id.lower()]
         sort = (query.get("sort") or ["downloads"])[0]
         key = {"downloads": lambda r: r.downloads, "likes": lambda r: r.likes,
                "lastModified": lambda r: r.last_modified}.get(sort, lambda r: r.downloads)
-        found.sort(key=key, reverse=True)
+        # A hostile repository's counts may be text: order numbers among numbers, text among text.
+        found.sort(key=lambda r: (0, key(r), "") if isinstance(key(r), int) else (1, 0, str(key(r))), reverse=True)
         limit = int((query.get("limit") or ["1000"])[0])
         self._json(200, [r.summary() for r in found[:limit]])
 
@@ -160,7 +204,31 @@ class _Handler(BaseHTTPRequestHandler):
         if repo_id in self.server.forbidden:
             return self._json(403, {"error": "Access to this model is restricted; accept its licence."},
                               {"X-Error-Code": "GatedRepo"})
-        self._json(200, self.server.info(repo))
+        if repo.redirect_loop:
+            self.send_response(302)
+            self.send_header("Location", self.path)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if repo.endless_info:
+            self.send_response(200)
+            self.send_header("Connection", "close")  # no length: the body ends when the connection does
+            self.end_headers()
+            return self._forever(b"[", b"0,")
+        info = self.server.info(repo)
+        data = info if isinstance(info, bytes) else json.dumps(info).encode()
+        if repo.slow_headers:
+            self.close_connection = True
+            return self._trickle(b"HTTP/1.1 200 OK\r\n" + b"X-Pad: " + b"x" * 10_000 + b"\r\n\r\n", repo.slow_headers)
+        if repo.gzip_info:
+            return self._json(200, gzip.compress(data), {"Content-Encoding": "gzip"})
+        if repo.slow_info:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            return self._trickle(data, repo.slow_info)
+        self._json(200, data)
 
     def _file(self, repo_id: str, name: str, head: bool) -> None:
         repo = self.server.repos.get(repo_id)
@@ -168,12 +236,12 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json(404, {"error": "Entry not found"}, {"X-Error-Code": "EntryNotFound"})
         if repo_id in self.server.forbidden:
             return self._json(403, {"error": "Access restricted"}, {"X-Error-Code": "GatedRepo"})
-        data = repo.files[name]
+        data = repo.served.get(name, repo.files[name])
         etag = hashlib.sha256(data).hexdigest()
         start, status = 0, 200
         wanted = self.headers.get("Range")
         end = len(data) - 1
-        if wanted and not self.server.ignore_range:
+        if wanted and not (self.server.ignore_range or repo.ignore_range):
             spec = wanted.removeprefix("bytes=")
             first, _, last = spec.partition("-")
             start = int(first)
@@ -189,7 +257,11 @@ class _Handler(BaseHTTPRequestHandler):
         body = data[start:end + 1]
         self.send_response(status)
         self.send_header("Content-Type", "application/octet-stream")
-        self.send_header("Content-Length", str(len(body)))
+        if repo.length == "none" or repo.endless_file:
+            self.close_connection = True  # the body ends when the connection does
+            self.send_header("Connection", "close")
+        else:
+            self.send_header("Content-Length", str(len(body)))
         if status == 206:
             self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
         self.send_header("Accept-Ranges", "bytes")
@@ -200,6 +272,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if head:
             return
+        if repo.endless_file:
+            return self._forever(body, b"\0")
+        if repo.slow_file:
+            self.close_connection = True
+            return self._trickle(body, repo.slow_file)
         cut = self.server.drop_after.pop(name, None)
         if cut is not None and cut < len(body):
             self.wfile.write(body[:cut])

@@ -441,11 +441,10 @@ class GetModelsDialog(QDialog):
             self._discard_paused()
 
     def _discard_paused(self) -> None:
-        from app.models.download import download_folder
-        import shutil
+        from app.models.download import discard_download
 
         assert self._listing is not None
-        shutil.rmtree(download_folder(self.registry.imports_dir, self._listing), ignore_errors=True)
+        discard_download(self.registry.imports_dir, self._listing)
         self.progress_row.hide()
         self._say("The download was cancelled; nothing was kept.")
         self._update_buttons()
