@@ -120,3 +120,18 @@ def write_tiny_model(source: Path, dest: Path, seed: int = 0) -> Path:
 def tiny_model_dir(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random-weight 2-layer Llama folder with the default model's tokenizer and chat template."""
     return write_tiny_model(default_model_dir, tmp_path_factory.mktemp("tiny-model"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Each of the README's two workers would start one torch thread per core:
+    # twice as many busy threads as cores, whose OpenMP barriers then wait on
+    # descheduled threads (engine/runner/threads.py). Reference computations
+    # (transformers) run on the worker's share of the cores; an Engine still
+    # chooses its own count.
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        import torch
+
+        from engine.runner.threads import available_cores
+
+        torch.set_num_threads(max(1, available_cores() // int(workers)))

@@ -88,28 +88,35 @@ class Reference:
         half = x.shape[-1] // 2
         return x * emb.cos() + torch.cat((-x[..., half:], x[..., :half]), -1) * emb.sin()
 
-    def layer(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        """Layer i on the residual stream x [tokens, hidden] of one prompt."""
+    def layer(
+        self, i: int, x: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """Layer i on the residual stream x [tokens, hidden] of one prompt's
+        next tokens, after `past` (the layer's keys and values of the tokens
+        before them); returns its output and the keys and values so far."""
         c = self.c
         t = x.shape[0]
+        start = 0 if past is None else past[0].shape[0]
         heads, kv_heads, dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        positions = torch.arange(t)
-        causal = torch.ones(t, t, dtype=torch.bool).tril()
+        positions = torch.arange(start, start + t)
+        causal = torch.arange(start + t)[None, :] <= positions[:, None]
         p = f"model.layers.{i}."
         h = self.norm(x, p + "input_layernorm.weight")
         q = self.rotate(self.product(h, p + "self_attn.q_proj.weight").view(t, heads, dim), positions)
         k = self.rotate(self.product(h, p + "self_attn.k_proj.weight").view(t, kv_heads, dim), positions)
         v = self.product(h, p + "self_attn.v_proj.weight").view(t, kv_heads, dim)
+        if past is not None:
+            k, v = torch.cat((past[0], k)), torch.cat((past[1], v))
         group = heads // kv_heads
-        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-        scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(dim)
+        keys, values = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        scores = torch.einsum("qhd,khd->hqk", q, keys) / math.sqrt(dim)
         probs = torch.softmax(scores.masked_fill(~causal, float("-inf")), -1)
-        attn = torch.einsum("hqk,khd->qhd", probs, v).reshape(t, heads * dim)
+        attn = torch.einsum("hqk,khd->qhd", probs, values).reshape(t, heads * dim)
         x = x + self.product(attn, p + "self_attn.o_proj.weight")
         h = self.norm(x, p + "post_attention_layernorm.weight")
         gate = self.product(h, p + "mlp.gate_proj.weight")
         up = self.product(h, p + "mlp.up_proj.weight")
-        return x + self.product(self.swiglu(gate, up), p + "mlp.down_proj.weight")
+        return x + self.product(self.swiglu(gate, up), p + "mlp.down_proj.weight"), (k, v)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits from the last layer's output: torch's RMSNorm in float32 (as
@@ -119,11 +126,19 @@ class Reference:
                                              c.rms_norm_eps)
         return self.product(final, "lm_head.weight" if "lm_head.weight" in self.w else "model.embed_tokens.weight")
 
-    def logits(self, ids: list[int]) -> torch.Tensor:
-        x = self.w["model.embed_tokens.weight"][torch.tensor(ids)]
-        for i in range(self.c.num_hidden_layers):
-            x = self.layer(i, x)
-        return self.head(x)
+    def greedy(self, ids: list[int], new_tokens: int) -> list[int]:
+        """The greedy continuation of `ids`: the prompt in one pass, then one
+        token at a time over the kept keys and values."""
+        past: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * self.c.num_hidden_layers
+        chosen: list[int] = []
+        feed = list(ids)
+        for _ in range(new_tokens):
+            x = self.w["model.embed_tokens.weight"][torch.tensor(feed)]
+            for i in range(self.c.num_hidden_layers):
+                x, past[i] = self.layer(i, x, past[i])
+            feed = [int(self.head(x)[-1].argmax())]
+            chosen.append(feed[0])
+        return chosen
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +188,7 @@ def test_every_layer_of_the_default_path_matches_the_reference(
     # tie moves by a step of its int8 group (FLIP_BOUND at most). A wrong
     # layout, scale or offset anywhere would move every row by O(1).
     for i, (entering, leaving) in enumerate(zip(streams, streams[1:])):
-        want = reference.layer(i, entering.double())
+        want, _ = reference.layer(i, entering.double())
         rows = (leaving.double() - want).abs().amax(-1) / want.abs().amax()
         assert rows.max() <= FLIP_BOUND, i
         assert (rows > ROW_BOUND).float().mean() <= 0.1, i
@@ -192,7 +207,4 @@ def test_default_engine_decodes_the_reference_greedy_tokens(
     with Engine(default_model_dir, device="cpu") as engine:
         assert not engine.deterministic
         out = engine.generate_outputs([prompt_ids], SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS))[0]
-    ids = list(prompt_ids)
-    for _ in range(NEW_TOKENS):
-        ids.append(int(reference.logits(ids)[-1].argmax()))
-    assert out.token_ids == ids[len(prompt_ids) :]
+    assert out.token_ids == reference.greedy(prompt_ids, NEW_TOKENS)

@@ -1,12 +1,12 @@
 """The engine on the real default model: batching, preemption, prefix cache,
 streaming and aborts behave as a user of the API expects.
 
-The engines here run the model dequantized to float32: several checks
-compare a request's greedy tokens alone and in a batch, which float32 keeps
-equal in practice (its differences are summation-order noise). The
-quantized kernels round each product's inputs to int8 groups, which turns
-such noise into an occasional flipped rounding, so for them that promise is
-deterministic mode's (tests/engine/test_native_forward.py)."""
+The engines here run the model as a user does, on the quantized native
+path, which computes every row alone in one order: a request's greedy
+tokens alone and in a batch (or after a preemption) are equal by
+construction, not only in practice (tests/engine/test_deterministic.py).
+The float paths are checked against transformers elsewhere
+(tests/engine/test_model_parity.py, test_cli.py)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def chat(text: str) -> list[dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def engine(default_model_dir: Path):
-    with Engine(default_model_dir, device="cpu", dtype="float32", quantized="dequantize") as eng:
+    with Engine(default_model_dir, device="cpu") as eng:
         yield eng
 
 
@@ -54,18 +54,24 @@ def assert_pool_consistent(eng: Engine) -> None:
     assert pool.num_free + pool.num_cached + pool.num_used == pool.num_pages
 
 
-def test_batch_equals_each_alone(engine: Engine) -> None:
-    alone = [engine.generate_outputs([chat(q)], GREEDY)[0].token_ids for q in QUESTIONS]
+@pytest.fixture(scope="module")
+def alone(engine: Engine) -> list[list[int]]:
+    """Each question's greedy reply, run by itself."""
+    return [engine.generate_outputs([chat(q)], GREEDY)[0].token_ids for q in QUESTIONS]
+
+
+def test_batch_equals_each_alone(engine: Engine, alone: list[list[int]]) -> None:
     batch = engine.generate_outputs([chat(q) for q in QUESTIONS], GREEDY)
     assert [o.token_ids for o in batch] == alone
     assert all(len(ids) > 0 for ids in alone)
 
 
-def test_batch_under_preemption_equals_each_alone(default_model_dir: Path, engine: Engine) -> None:
-    alone = [engine.generate_outputs([chat(q)], GREEDY)[0].token_ids for q in QUESTIONS]
+def test_batch_under_preemption_equals_each_alone(
+    default_model_dir: Path, engine: Engine, alone: list[list[int]]
+) -> None:
     # 8 prompts of 30-60 tokens plus 24 new ones need ~5 pages of 16 each:
     # 14 pages cannot hold them all at once.
-    with Engine(default_model_dir, device="cpu", dtype="float32", quantized="dequantize", kv_pages=14) as small:
+    with Engine(default_model_dir, device="cpu", kv_pages=14) as small:
         batch = small.generate_outputs([chat(q) for q in QUESTIONS], GREEDY)
         stats = small.stats()
         assert stats.preemptions > 0
@@ -78,7 +84,7 @@ def test_batch_under_preemption_equals_each_alone(default_model_dir: Path, engin
 def test_second_turn_computes_only_the_new_tokens(default_model_dir: Path) -> None:
     question = "Tell me about cats."
     params = SamplingParams(temperature=0.0, max_tokens=40)
-    with Engine(default_model_dir, device="cpu", dtype="float32", quantized="dequantize") as eng:
+    with Engine(default_model_dir, device="cpu") as eng:
         first = eng.generate_outputs([chat(question)], params)[0]
         messages = chat(question) + [
             {"role": "assistant", "content": first.text},
@@ -105,7 +111,7 @@ def test_second_turn_computes_only_the_new_tokens(default_model_dir: Path) -> No
     assert computed < new_tokens + ps + 1
     assert second.metrics.cached_prompt_tokens == expected_reuse
 
-    with Engine(default_model_dir, device="cpu", dtype="float32", quantized="dequantize", enable_prefix_cache=False) as cold:
+    with Engine(default_model_dir, device="cpu", enable_prefix_cache=False) as cold:
         reference = cold.generate_outputs([turn2], params)[0]
         assert cold.stats().prompt_tokens_reused == 0
     assert second.token_ids == reference.token_ids
@@ -166,7 +172,7 @@ def test_closing_a_stream_early_aborts_and_frees_pages(engine: Engine) -> None:
 
 def test_random_aborts_leak_no_pages(default_model_dir: Path) -> None:
     rng = random.Random(7)
-    with Engine(default_model_dir, device="cpu", dtype="float32", quantized="dequantize", kv_pages=48) as eng:
+    with Engine(default_model_dir, device="cpu", kv_pages=48) as eng:
         outputs = {}
         events = []
 
@@ -230,13 +236,13 @@ def test_prompt_errors_are_clear(engine: Engine) -> None:
 
 
 def test_request_larger_than_pool_fails_at_once(default_model_dir: Path) -> None:
-    with Engine(default_model_dir, device="cpu", dtype="float32", quantized="dequantize", kv_pages=4) as eng:
+    with Engine(default_model_dir, device="cpu", kv_pages=4) as eng:
         with pytest.raises(RequestTooLargeError, match="pages"):
             eng.generate(chat(QUESTIONS[3]), params=SamplingParams(temperature=0, max_tokens=64))
 
 
 def test_closed_engine_refuses_work(default_model_dir: Path) -> None:
-    eng = Engine(default_model_dir, device="cpu", dtype="float32", quantized="dequantize", kv_pages=8)
+    eng = Engine(default_model_dir, device="cpu", kv_pages=8)
     eng.close()
     with pytest.raises(EngineClosedError):
         eng.generate(chat("Hi!"), params=GREEDY)
