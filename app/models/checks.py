@@ -12,7 +12,6 @@ each with a sentence a person can act on.
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from dataclasses import dataclass
@@ -42,7 +41,7 @@ from engine.errors import (
 from engine.formats.safetensors import FLOAT_DTYPES, read_headers, weight_files
 from engine.formats.weight_memory import ModelShape, QuantizedWeights
 from engine.formats.weight_names import EMBEDDING_NAME, IGNORED_WEIGHT_SUFFIX, LM_HEAD_NAME, expected_weights, is_model_weight
-from engine.model.config import ModelConfig
+from engine.model.config import ModelConfig, read_config_json
 
 if TYPE_CHECKING:
     from engine.formats.gguf.reader import GGUFHeader
@@ -138,16 +137,22 @@ def read_config(folder: Path) -> tuple[ModelConfig, dict[str, Any]]:
             f"{folder} is not a folder. Choose a Hugging Face model folder (config.json, "
             "*.safetensors, tokenizer.json); for a .gguf file use “Import GGUF file…”."
         )
+    # The engine's bounded reader and checks (engine.model.config): a value
+    # that would fail at load (a RoPE base of -1, a window of 10^30) is
+    # refused here, before the model is registered.
     try:
-        config = ModelConfig.from_folder(folder)
+        raw_config = read_config_json(folder)
+        config = ModelConfig.from_dict(raw_config, source=str(folder / "config.json"))
     except UnsupportedModelError as exc:
         raise ModelNotSupportedError(str(exc)) from exc
     except ModelLoadError as exc:
         if not (folder / "config.json").is_file():
             raise NotAModelError(str(exc)) from exc
-        raise ModelConfigError(f"{exc}. The folder's config.json is damaged; download it again.") from exc
-    # ModelConfig.from_folder has just parsed it.
-    return config, json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        message = str(exc).rstrip(".")
+        if "again" not in message:
+            message += ". The folder's config.json is damaged; download it again"
+        raise ModelConfigError(f"{message}.") from exc
+    return config, raw_config
 
 
 def _folder_check(config: ModelConfig, raw_config: dict[str, Any], headers: Headers) -> FolderCheck:
@@ -325,22 +330,31 @@ class GGUFSummary:
                 counts["bias"] += tensor.n_elements
             elif name.startswith("blk."):
                 counts["matmul"] += tensor.n_elements
-        heads = int(self.arch_value("attention.head_count", 1))
-        kv_heads = self.arch_value("attention.head_count_kv", heads)
-        if isinstance(kv_heads, list):
-            kv_heads = max(kv_heads)
-        hidden = int(self.arch_value("embedding_length", 0))
-        return ModelShape(
-            matmul_params=counts["matmul"],
-            embedding_params=counts["embedding"],
-            lm_head_params=counts["lm_head"],
-            norm_params=counts["norm"],
-            bias_params=counts["bias"],
-            num_layers=int(self.arch_value("block_count", 0)),
-            num_kv_heads=int(kv_heads),
-            head_dim=int(self.arch_value("attention.key_length", hidden // max(1, heads))),
-            max_context=int(self.arch_value("context_length", 2048)),
-        )
+        from engine.formats.gguf.reader import GGUFMetadata
+
+        # Read through the reader's typed accessors: a value of the wrong
+        # type (a string, an array) is the file's corruption, not a crash.
+        meta = GGUFMetadata(self.header)
+        arch = self.architecture
+        try:
+            heads = meta.integer(f"{arch}.attention.head_count", 1)
+            kv_key = f"{arch}.attention.head_count_kv"
+            per_layer = meta.integers(kv_key) if isinstance(meta.get(kv_key), list) else None
+            kv_heads = max(per_layer, default=heads) if per_layer is not None else meta.integer(kv_key, heads)
+            hidden = meta.integer(f"{arch}.embedding_length", 0)
+            return ModelShape(
+                matmul_params=counts["matmul"],
+                embedding_params=counts["embedding"],
+                lm_head_params=counts["lm_head"],
+                norm_params=counts["norm"],
+                bias_params=counts["bias"],
+                num_layers=meta.integer(f"{arch}.block_count", 0),
+                num_kv_heads=kv_heads,
+                head_dim=meta.integer(f"{arch}.attention.key_length", hidden // max(1, heads)),
+                max_context=meta.integer(f"{arch}.context_length", 2048),
+            )
+        except GGUFFormatError as exc:
+            raise CorruptGGUFError(str(exc)) from exc
 
 
 def read_gguf_summary(path: str | Path) -> GGUFSummary:

@@ -36,6 +36,7 @@ import torch
 from safetensors.torch import save_file
 
 from engine.errors import FolderWriteError, ModelLoadError
+from engine.formats.model_json import shown_value
 from engine.formats.safetensors import count_tensors, read_tensors, weight_files
 from engine.formats.staged_folder import (
     MARKER_NAME,
@@ -53,7 +54,7 @@ from engine.formats.weight_names import (  # the rules the app checks folders by
     expected_weights,
     is_model_weight,
 )
-from engine.model.config import ModelConfig, check_layer_indices, hf_layer_indices
+from engine.model.config import ModelConfig, check_layer_indices, hf_layer_indices, read_config_json
 from engine.config import QUANTIZE_MODES, QUANTIZED_COMPUTE
 from engine.model.linear import Linear
 from engine.model.llama import LayerWeights, LlamaModel, Product
@@ -120,21 +121,17 @@ def quantized_formats(folder: Path) -> dict[str, str]:
     """Weight name -> engine.model.quant format, from config.json's "quantization"
     section ({} for a float checkpoint)."""
     path = folder / "config.json"
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"{path} is not valid JSON: {exc}") from exc
-    section = raw.get("quantization") if isinstance(raw, dict) else None
+    section = read_config_json(folder).get("quantization")
     if section is None:
         return {}
     if not isinstance(section, dict) or section.get("method") != "tandem-blocks":
         raise ModelLoadError(
-            f"{path}: the quantization method {section.get('method') if isinstance(section, dict) else section!r} "
+            f"{path}: the quantization method {shown_value(section.get('method') if isinstance(section, dict) else section)} "
             "is not one Tandem runs; use a float checkpoint or a GGUF file of this model."
         )
     if section.get("version") != FOLDER_FORMAT_VERSION:
         raise ModelLoadError(
-            f"{path}: quantized folder version {section.get('version')!r} was written by another "
+            f"{path}: quantized folder version {shown_value(section.get('version'))} was written by another "
             f"Tandem (this one reads version {FOLDER_FORMAT_VERSION}); import the GGUF file again."
         )
     tensors = section.get("tensors")
@@ -463,7 +460,7 @@ def dequantized_copy(folder: str | Path, dest: str | Path) -> Path:
             "config.json", "model.safetensors.index.json",
         ):
             shutil.copyfile(entry, dest / entry.name)
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    config = read_config_json(folder)
     config.pop("quantization", None)
     (dest / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     weights = {name: tensor.contiguous() for name, tensor in read_weights(folder).items()}
@@ -504,7 +501,7 @@ def quantized_copy(
         return dest
 
     config = ModelConfig.from_folder(source)
-    raw_config = json.loads((source / "config.json").read_text(encoding="utf-8"))
+    raw_config = read_config_json(source)
     layers = {f"model.layers.{i}.{name}" for i in range(config.num_hidden_layers) for name in QUANTIZED_LAYER_WEIGHTS}
     total = count_tensors(files)
     detail = f"Quantizing {source.name} to {mode}; this happens once"

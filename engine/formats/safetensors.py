@@ -11,7 +11,12 @@ folder checks (app/models/checks.py) both call `weight_files` and
 A file comes from a stranger: its header's length, every tensor's offsets
 and the file's size are checked against each other before anything is
 allocated (a file is 8 bytes of header length, the JSON header, then the
-tensors' bytes, which the offsets must cover exactly).
+tensors' bytes, which the offsets must cover exactly). The header is bounded
+by what a model can have (MAX_HEADER_BYTES, MAX_TENSORS_PER_FILE, counted
+before it is parsed) and read by the bounded JSON reader
+(engine/formats/model_json.py), as is the index, whose shard names must be
+plain file names in the folder: an index names no other file to read.
+No error message shows a file's bytes.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from engine.errors import CorruptSafetensorsError, NoWeightsError, PickleCheckpointError
+from engine.formats.model_json import ModelJSONError, parse_json_object, read_json_object, shown_value
+from engine.progress import format_bytes
 
 if TYPE_CHECKING:
     import numpy as np
@@ -33,8 +40,18 @@ if TYPE_CHECKING:
 
 INDEX_NAME = "model.safetensors.index.json"
 PICKLE_PATTERNS = ("*.bin", "*.pt", "*.pth", "*.ckpt")
-# The safetensors library refuses larger headers; so does this reader.
-MAX_HEADER_BYTES = 100 << 20
+# A file's tensors: far above a model's (a GGUF import of 1,024 layers
+# writes ~25,000, a checkpoint shard a few hundred), low enough that the
+# header's Python objects stay small.
+MAX_TENSORS_PER_FILE = 1 << 16
+# A header entry is ~100-200 bytes (name, dtype, shape, offsets); this
+# leaves room for __metadata__. (The safetensors library allows 100 MB,
+# which as Python objects took 1.3 GB and a minute.)
+MAX_HEADER_BYTES = 16 << 20
+# Shards an index may name (the largest checkpoints have ~200).
+MAX_SHARDS = 1 << 12
+# The most dimensions a tensor may have.
+MAX_TENSOR_DIMS = 8
 # Bytes of one element of each safetensors dtype.
 DTYPE_SIZES = {
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2,
@@ -75,18 +92,12 @@ def weight_files(folder: Path) -> list[Path]:
     """
     index = folder / INDEX_NAME
     if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            names = {str(name) for name in weight_map.values()}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise CorruptSafetensorsError(
-                f"{index} is not a valid safetensors index ({exc}). Download it again."
-            ) from exc
-        files = sorted(folder / name for name in names)
+        files = [folder / name for name in _shard_names(index)]
         missing = [f.name for f in files if not f.is_file()]
         if missing:
             raise CorruptSafetensorsError(
-                f"{folder} is incomplete: the shard(s) {', '.join(missing)} named in {index.name} "
+                f"{folder} is incomplete: the shard(s) {', '.join(missing[:3])}"
+                f"{f' and {len(missing) - 3} more' if len(missing) > 3 else ''} named in {index.name} "
                 "are missing. Download them too."
             )
         return files
@@ -103,6 +114,42 @@ def weight_files(folder: Path) -> list[Path]:
     raise NoWeightsError(
         f"{folder} has no weights: a model folder needs model.safetensors (or the *.safetensors "
         "shards of model.safetensors.index.json) next to its config.json."
+    )
+
+
+def _shard_names(index: Path) -> list[str]:
+    """The distinct shard names of an index, sorted; each a plain name of a
+    file in the index's folder (no path, no "..", no backslash, no NUL), so
+    the index cannot send the reader to any other file."""
+
+    def refuse(problem: str) -> CorruptSafetensorsError:
+        return CorruptSafetensorsError(f"{index} is not a valid safetensors index ({problem}). Download it again.")
+
+    try:
+        weight_map = read_json_object(index).get("weight_map")
+    except (ModelJSONError, FileNotFoundError) as exc:
+        raise refuse(f"it {exc}" if isinstance(exc, ModelJSONError) else "it is gone") from None
+    if not isinstance(weight_map, dict):
+        raise refuse("it has no weight_map object")
+    names = set(weight_map.values())
+    if len(names) > MAX_SHARDS:
+        raise refuse(f"it names more than {MAX_SHARDS:,} shards")
+    for name in names:
+        if not isinstance(name, str):
+            raise refuse(f"a shard's name is {shown_value(name)}, not a file name")
+        if not _is_plain_name(name):
+            raise refuse(f"the shard {shown_value(name)} is not a file of the model's folder")
+    return sorted(names)
+
+
+def _is_plain_name(name: str) -> bool:
+    """A file name with no folder part on any system."""
+    return (
+        bool(name)
+        and name not in (".", "..")
+        and not any(sep in name for sep in ("/", "\\", "\0"))
+        and ":" not in name  # a Windows drive ("C:x") or stream
+        and Path(name).name == name
     )
 
 
@@ -129,7 +176,7 @@ def read_headers(
                 continue
             if tensor.name in headers:
                 raise CorruptSafetensorsError(
-                    f"{path.parent}: the weight '{tensor.name}' is stored twice (again in {path.name}). "
+                    f"{path.parent}: the weight {shown_value(tensor.name)} is stored twice (again in {path.name}). "
                     "Download the model's .safetensors files again."
                 )
             headers[tensor.name] = tensor
@@ -154,7 +201,7 @@ def read_tensors(files: Iterable[Path]) -> Iterator[tuple[str, torch.Tensor]]:
                 for tensor in _parse_header(handle, os.fstat(handle.fileno()).st_size):
                     dtype_name = TORCH_DTYPES.get(tensor.dtype)
                     if dtype_name is None:
-                        raise ValueError(f"tensor {tensor.name!r} has the unsupported dtype {tensor.dtype!r}")
+                        raise ValueError(f"tensor {shown_value(tensor.name)} has the unsupported dtype {tensor.dtype!r}")
                     buffer = torch.empty(tensor.nbytes, dtype=torch.uint8)
                     handle.seek(tensor.offset)
                     _read_into(handle, memoryview(buffer.numpy()))
@@ -217,39 +264,60 @@ _NUMPY_DTYPES = {"F32": "<f4", "F16": "<f2", "I8": "i1", "U8": "u1"}
 
 
 def _parse_header(handle: BinaryIO, size: int) -> list[TensorHeader]:
+    # The messages never show the file's bytes (the header length is some);
+    # a ValueError here becomes CorruptSafetensorsError.
     if size < 8:
         raise ValueError(f"a file of {size} bytes has no header")
     header_len = int.from_bytes(_read_exactly(handle, 8), "little")
-    if header_len > min(size - 8, MAX_HEADER_BYTES):
-        raise ValueError(f"a header of {header_len} bytes in a file of {size}")
-    raw = json.loads(_read_exactly(handle, header_len))
-    if not isinstance(raw, dict):
-        raise ValueError("the header is not a JSON object")
+    if header_len > size - 8:
+        raise ValueError("its header's length is more than the file holds")
+    if header_len > MAX_HEADER_BYTES:
+        raise ValueError(f"its header is more than {format_bytes(MAX_HEADER_BYTES)}, more than a model's")
+    data = _read_exactly(handle, header_len)
+    too_many = f"its header holds more than {MAX_TENSORS_PER_FILE:,} tensors, more than a model's"
+    # Each tensor's entry is an object, so the braces bound the entries
+    # (beside the header's own and __metadata__'s) before json turns them
+    # into Python objects.
+    if data.count(b"{") > MAX_TENSORS_PER_FILE + 2:
+        raise ValueError(too_many)
+    try:
+        raw = parse_json_object(data)
+    except ModelJSONError as exc:
+        raise ValueError(f"its header {exc}") from None
+    if len(raw) - ("__metadata__" in raw) > MAX_TENSORS_PER_FILE:
+        raise ValueError(too_many)
     start = 8 + header_len
     tensors: list[TensorHeader] = []
     for name, entry in raw.items():
         if name == "__metadata__":
             continue
-        dtype = entry["dtype"]
-        if dtype not in DTYPE_SIZES:
-            raise ValueError(f"tensor {name!r} has the unknown dtype {dtype!r}")
-        shape = tuple(entry["shape"])
-        begin, end = entry["data_offsets"]
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (*shape, begin, end)):
-            raise ValueError(f"tensor {name!r} has a bad shape or offsets")
+        if not isinstance(entry, dict):
+            raise ValueError(f"tensor {shown_value(name)} is described by {shown_value(entry)}, not an object")
+        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
+            raise ValueError(f"tensor {shown_value(name)} has the unknown dtype {shown_value(dtype)}")
+        if not isinstance(shape, list) or len(shape) > MAX_TENSOR_DIMS or not all(map(_is_count, shape)):
+            raise ValueError(f"tensor {shown_value(name)} has a bad shape")
+        if not isinstance(offsets, list) or len(offsets) != 2 or not all(map(_is_count, offsets)):
+            raise ValueError(f"tensor {shown_value(name)} has bad offsets")
+        begin, end = offsets
         nbytes = math.prod(shape) * DTYPE_SIZES[dtype]
         if end - begin != nbytes:
-            raise ValueError(f"tensor {name!r}: offsets {begin}..{end} do not hold {list(shape)} {dtype}")
-        tensors.append(TensorHeader(name, dtype, shape, start + begin, nbytes))
+            raise ValueError(f"tensor {shown_value(name)}: offsets {begin}..{end} do not hold {shape} {dtype}")
+        tensors.append(TensorHeader(name, dtype, tuple(shape), start + begin, nbytes))
     tensors.sort(key=lambda t: t.offset)
     covered = start
     for tensor in tensors:
         if tensor.offset != covered:
-            raise ValueError(f"tensor {tensor.name!r} overlaps another or leaves a gap before it")
+            raise ValueError(f"tensor {shown_value(tensor.name)} overlaps another or leaves a gap before it")
         covered += tensor.nbytes
     if covered != size:
         raise ValueError(f"the tensors end at byte {covered} of a file of {size}")
     return tensors
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _unreadable(path: Path, exc: Exception) -> CorruptSafetensorsError:

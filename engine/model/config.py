@@ -6,22 +6,26 @@ one decoder layout and differ in a handful of switches captured here.
 Configurations come from strangers (a downloaded config.json, a GGUF file's
 metadata), so the model's dimensions are checked here, once, for every
 format: `check_dimensions` refuses zero, absurd or non-dividing head counts
-and sizes before anything loops over or allocates by them, and
-`check_layer_indices` refuses a layer count the tensors do not have. Both
-raise InvalidModelConfigError, one line naming the field.
+and sizes before anything loops over or allocates by them,
+`check_rope_and_window` refuses RoPE and sliding-window settings the
+rotation tables cannot be computed from (a negative base, a scaling factor
+of 0, a window of 10^30), and `check_layer_indices` refuses a layer count
+the tensors do not have. All raise InvalidModelConfigError, one line naming
+the field. config.json itself is read by engine.formats.model_json's bounded
+reader (`read_config_json`).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from engine.errors import InvalidModelConfigError, ModelLoadError, UnsupportedModelError
+from engine.formats.model_json import ModelJSONError, read_json_object, shown_value
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
@@ -33,7 +37,12 @@ MAX_LAYERS = 1024
 MAX_HEADS = 4096
 MAX_DIMENSION = 1 << 20  # hidden size, feed-forward size, head dimension
 MAX_VOCAB = 1 << 24
-MAX_POSITIONS = 1 << 30  # max_position_embeddings / context length
+MAX_POSITIONS = 1 << 30  # max_position_embeddings / context length, sliding_window
+# A RoPE base below 1 would turn the rotation frequencies up instead of down
+# (and at 0 or below they cannot be computed); scaling factors below 1 are
+# refused by transformers' own validation.
+MIN_ROPE_THETA = 1.0
+MIN_ROPE_FACTOR = 1.0
 
 
 # config.json field -> (smallest, largest) value; fields that may be absent
@@ -84,32 +93,21 @@ class ModelConfig:
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> ModelConfig:
-        path = Path(folder) / "config.json"
-        if not path.is_file():
-            raise ModelLoadError(
-                f"{folder} is not a model folder: it has no config.json. Choose a Hugging Face "
-                "model folder (config.json, *.safetensors, tokenizer.json) or a .gguf file."
-            )
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ModelLoadError(f"{path} is not valid JSON: {exc}") from exc
-        if not isinstance(raw, dict):
-            raise ModelLoadError(f"{path} does not hold a JSON object")
-        return cls.from_dict(raw, source=str(path))
+        return cls.from_dict(read_config_json(folder), source=str(Path(folder) / "config.json"))
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str = "config.json") -> ModelConfig:
-        model_type = str(raw.get("model_type", ""))
+        model_type = raw.get("model_type", "")
         if model_type not in SUPPORTED_MODEL_TYPES:
-            archs = raw.get("architectures") or []
-            named = model_type or (archs[0] if archs else "unknown")
+            archs = raw.get("architectures")
+            named = model_type or (archs[0] if isinstance(archs, list) and archs else "unknown")
             raise UnsupportedModelError(
-                f"Unsupported architecture '{named}' in {source}: Tandem runs Llama-family "
+                f"Unsupported architecture {shown_value(named)} in {source}: Tandem runs Llama-family "
                 f"models (model_type {', '.join(SUPPORTED_MODEL_TYPES[:-1])} or "
                 f"{SUPPORTED_MODEL_TYPES[-1]})"
             )
         check_dimensions(raw, source)
+        rope_theta, rope_scaling, sliding_window = _rope_and_window(raw, source)
         try:
             hidden = int(raw["hidden_size"])
             heads = int(raw["num_attention_heads"])
@@ -125,7 +123,7 @@ class ModelConfig:
                 num_key_value_heads=kv_heads,
                 head_dim=head_dim,
                 rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-                rope_theta=_rope_theta(raw),
+                rope_theta=rope_theta,
                 max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
                 # Qwen2 always has q/k/v bias; Llama exposes it as a switch that
@@ -133,13 +131,14 @@ class ModelConfig:
                 qkv_bias=model_type == "qwen2" or bool(raw.get("attention_bias", False)),
                 o_bias=model_type != "qwen2" and bool(raw.get("attention_bias", False)),
                 mlp_bias=bool(raw.get("mlp_bias", False)),
-                sliding_window=_sliding_window(raw),
-                rope_scaling=_rope_scaling(raw, source),
+                sliding_window=sliding_window,
+                rope_scaling=rope_scaling,
                 bos_token_id=_optional_int(raw.get("bos_token_id")),
                 eos_token_ids=_int_tuple(raw.get("eos_token_id")),
             )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ModelLoadError(f"{source} is missing or has a bad value for {exc}") from exc
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            # Cut short: the message may quote a value of megabytes.
+            raise ModelLoadError(f"{source} is missing or has a bad value for {str(exc)[:120]}") from exc
         if heads % kv_heads != 0:
             raise ModelLoadError(
                 f"{source}: num_attention_heads ({heads}) is not a multiple of "
@@ -147,13 +146,34 @@ class ModelConfig:
             )
         if raw.get("hidden_act", "silu") not in ("silu", "swish"):
             raise UnsupportedModelError(
-                f"Unsupported activation '{raw.get('hidden_act')}' in {source}; only SiLU is run"
+                f"Unsupported activation {shown_value(raw.get('hidden_act'))} in {source}; only SiLU is run"
             )
         return cfg
 
     @property
     def num_queries_per_kv(self) -> int:
         return self.num_attention_heads // self.num_key_value_heads
+
+
+def read_config_json(folder: str | Path) -> dict[str, Any]:
+    """The object in a model folder's config.json, read by the bounded reader.
+
+    Raises ModelLoadError: "not a model folder" without config.json, else
+    naming what is wrong with the file (not JSON, an integer of 5,000
+    digits, nesting 100,000 deep, not an object, too big).
+    """
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise ModelLoadError(
+            f"{folder} is not a model folder: it has no config.json. Choose a Hugging Face "
+            "model folder (config.json, *.safetensors, tokenizer.json) or a .gguf file."
+        )
+    try:
+        return read_json_object(path)
+    except FileNotFoundError:
+        raise ModelLoadError(f"{folder} is not a model folder: its config.json is gone.") from None
+    except ModelJSONError as exc:
+        raise ModelLoadError(f"{path} {exc}; download the model's config.json again.") from None
 
 
 def check_dimensions(raw: Mapping[str, Any], source: str, labels: Mapping[str, str] | None = None) -> None:
@@ -166,17 +186,7 @@ def check_dimensions(raw: Mapping[str, Any], source: str, labels: Mapping[str, s
     labels: how the caller's format names each field, for the message
         ({"num_attention_heads": "llama.attention.head_count"}).
     """
-    labels = labels or {}
-
-    def name(key: str) -> str:
-        label = labels.get(key)
-        return f"{label} ({key})" if label else key
-
-    def refuse(key: str, problem: str) -> InvalidModelConfigError:
-        return InvalidModelConfigError(
-            f"{source}: {name(key)} {problem}; the model file is corrupt or not a real model."
-        )
-
+    name, refuse = _refusals(source, labels)
     values: dict[str, int] = {}
     for key, (low, high) in _DIMENSIONS.items():
         value = raw.get(key)
@@ -184,9 +194,8 @@ def check_dimensions(raw: Mapping[str, Any], source: str, labels: Mapping[str, s
             continue
         if value is None:
             raise refuse(key, "is missing")
-        whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
-        if isinstance(value, bool) or not whole:
-            raise refuse(key, f"is {value!r}, not a whole number")
+        if not _is_whole(value):
+            raise refuse(key, f"is {shown_value(value)}, not a whole number")
         if not low <= value <= high:
             raise refuse(key, f"is {value}, outside {low}..{high}")
         values[key] = int(value)
@@ -225,48 +234,125 @@ def hf_layer_indices(names: Iterable[str]) -> list[int]:
     return [int(match[1]) for name in names if (match := HF_LAYER_TENSOR_RE.match(name))]
 
 
-def _rope_params(raw: dict[str, Any]) -> dict[str, Any]:
-    # transformers >= 5 writes `rope_parameters` (theta inside); older configs
-    # write `rope_theta` and an optional `rope_scaling` dict.
-    params = raw.get("rope_parameters")
-    if isinstance(params, dict):
-        return params
-    scaling = raw.get("rope_scaling")
-    return dict(scaling) if isinstance(scaling, dict) else {}
+def check_rope_and_window(raw: Mapping[str, Any], source: str, labels: Mapping[str, str] | None = None) -> None:
+    """Refuse RoPE and sliding-window settings the rotation tables and the
+    attention cannot be computed from: a base (rope_theta) that is not a
+    finite number of at least MIN_ROPE_THETA, a scaling factor below
+    MIN_ROPE_FACTOR (0 divides by zero), llama3 frequency factors that are
+    not positive or not increasing, and a sliding window that is not a whole
+    number within 1..MAX_POSITIONS. The values checked are the ones
+    `ModelConfig.from_dict` takes (which also refuses scaling types it does
+    not run, e.g. yarn; this check leaves that to the load).
+
+    raw, labels: as for `check_dimensions`; labels are keyed by "rope_theta",
+        "rope_scaling.factor" (whichever dict holds it) and "sliding_window".
+    """
+    _rope_and_window(raw, source, labels, supported_only=False)
 
 
-def _rope_theta(raw: dict[str, Any]) -> float:
-    params = _rope_params(raw)
-    return float(params.get("rope_theta") or raw.get("rope_theta") or 10000.0)
+def _rope_and_window(
+    raw: Mapping[str, Any], source: str, labels: Mapping[str, str] | None = None, *, supported_only: bool = True
+) -> tuple[float, RopeScaling, int | None]:
+    """rope_theta, the RoPE scaling and the sliding window `from_dict` takes.
+    `supported_only=False` checks the factor of a scaling type the engine
+    does not run (yarn) instead of refusing it: an importer writes it, the
+    load refuses it."""
+    _, refuse = _refusals(source, labels)
+    params, where = _rope_params(raw)
 
+    def real(key: str, value: Any, low: float, what: str) -> float:
+        """A finite number of at least `low`; `what` says why the bound."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise refuse(key, f"is {shown_value(value)}, not a finite number")
+        if value < low:
+            raise refuse(key, f"is {value}, less than {low} ({what})")
+        return float(value)
 
-def _rope_scaling(raw: dict[str, Any], source: str) -> RopeScaling:
-    params = _rope_params(raw)
-    rope_type = str(params.get("rope_type") or params.get("type") or "default")
-    if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise UnsupportedModelError(
-            f"Unsupported RoPE scaling '{rope_type}' in {source}; "
-            f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
-        )
-    if rope_type == "default":
-        return RopeScaling()
-    return RopeScaling(
-        rope_type=rope_type,
-        factor=float(params.get("factor", 1.0)),
-        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-        original_max_position_embeddings=int(
-            params.get("original_max_position_embeddings")
-            or raw.get("max_position_embeddings", 8192)
-        ),
+    theta, theta_key = params.get("rope_theta"), f"{where}.rope_theta"
+    if theta is None:
+        theta, theta_key = raw.get("rope_theta"), "rope_theta"
+    rope_theta = 10000.0 if theta is None else real(
+        theta_key, theta, MIN_ROPE_THETA, "a smaller base turns the rotation frequencies up, and 0 or less has none"
     )
 
+    rope_type = params.get("rope_type") or params.get("type") or "default"
+    if rope_type not in SUPPORTED_ROPE_TYPES and supported_only:
+        raise UnsupportedModelError(
+            f"Unsupported RoPE scaling {shown_value(rope_type)} in {source}; "
+            f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
+        )
+    scaling = RopeScaling()
+    if rope_type != "default":
+        factor = real(f"{where}.factor", params.get("factor", 1.0), MIN_ROPE_FACTOR, "a factor below 1 is no scaling")
+    if rope_type in ("linear", "llama3"):
+        low, high = scaling.low_freq_factor, scaling.high_freq_factor
+        if rope_type == "llama3":
+            low_key, high_key = f"{where}.low_freq_factor", f"{where}.high_freq_factor"
+            low = real(low_key, params.get("low_freq_factor", low), 0.0, "it divides the original context")
+            high = real(high_key, params.get("high_freq_factor", high), 0.0, "it divides the original context")
+            if not 0 < low < high:
+                raise refuse(low_key, f"({low}) must be more than 0 and less than {high_key} ({high})")
+        original = params.get("original_max_position_embeddings") or raw.get("max_position_embeddings", 8192)
+        scaling = RopeScaling(
+            rope_type=rope_type,
+            factor=factor,
+            low_freq_factor=low,
+            high_freq_factor=high,
+            original_max_position_embeddings=_positions(f"{where}.original_max_position_embeddings", original, refuse),
+        )
 
-def _sliding_window(raw: dict[str, Any]) -> int | None:
-    window = raw.get("sliding_window")
+    window: Any = raw.get("sliding_window")
     if raw.get("model_type") == "qwen2" and not raw.get("use_sliding_window", False):
-        return None
-    return int(window) if window else None
+        window = None  # Qwen2 configs name a window they do not use
+    sliding_window = _positions("sliding_window", window, refuse) if window else None
+    return rope_theta, scaling, sliding_window
+
+
+def _rope_params(raw: Mapping[str, Any]) -> tuple[Mapping[str, Any], str]:
+    """The dict holding the RoPE settings and its name, for messages.
+
+    transformers >= 5 writes `rope_parameters` (theta inside); older configs
+    write `rope_theta` and an optional `rope_scaling` dict.
+    """
+    params = raw.get("rope_parameters")
+    if isinstance(params, dict):
+        return params, "rope_parameters"
+    scaling = raw.get("rope_scaling")
+    return (scaling if isinstance(scaling, dict) else {}), "rope_scaling"
+
+
+_Refuse = Callable[[str, str], InvalidModelConfigError]
+
+
+def _positions(key: str, value: Any, refuse: _Refuse) -> int:
+    if not _is_whole(value):
+        raise refuse(key, f"is {shown_value(value)}, not a whole number")
+    if not 1 <= value <= MAX_POSITIONS:
+        raise refuse(key, f"is {shown_value(value)}, outside 1..{MAX_POSITIONS}")
+    return int(value)
+
+
+def _refusals(source: str, labels: Mapping[str, str] | None) -> tuple[Callable[[str], str], _Refuse]:
+    """name(key): the field as the caller's format names it, with config.json's
+    name; refuse(key, problem): the InvalidModelConfigError saying so."""
+    labels = labels or {}
+
+    def name(key: str) -> str:
+        label = labels.get(key)
+        return f"{label} ({key})" if label else key
+
+    def refuse(key: str, problem: str) -> InvalidModelConfigError:
+        return InvalidModelConfigError(
+            f"{source}: {name(key)} {problem}; the model file is corrupt or not a real model."
+        )
+
+    return name, refuse
+
+
+def _is_whole(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
 
 
 def _optional_int(value: Any) -> int | None:

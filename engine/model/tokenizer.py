@@ -30,6 +30,7 @@ import tokenizers
 from jinja2.exceptions import SecurityError, TemplateSyntaxError
 
 from engine.errors import PromptError, TokenizerError
+from engine.formats.model_json import ModelJSONError, read_json_object, read_model_file
 from engine.model.template_sandbox import BoundedSandbox, TemplateLimitError, render_bounded, render_limits
 
 # Used when a model ships no chat template. ChatML is what most small instruct
@@ -44,6 +45,20 @@ CHATML_FALLBACK_TEMPLATE = (
 
 # A reply no template rewrites; what a template puts right after it is its end-of-turn marker.
 _PROBE_REPLY = "Tandem probe reply"
+
+# The longest text one token may stand for, in the vocabulary or added: real
+# vocabularies' longest are ~100-250 characters (runs of spaces or dashes).
+# A longer one is no token a model was trained on, and it would inflate the
+# server's bound on prompt characters per token.
+MAX_TOKEN_CHARS = 1024
+# The special tokens' text in all (Llama 3: 256 tokens, ~7,500 characters;
+# Mistral v3: ~770, ~10,000). Message text is searched for them with one
+# regular expression, whose compiling takes ~5 µs per character: a 10 MB
+# special token took 35 s.
+MAX_SPECIAL_TOKEN_CHARS = 1 << 17
+# tokenizer.json is read whole by tokenizers (the largest real ones, with
+# 256k-token vocabularies, are ~35 MB).
+MAX_TOKENIZER_FILE_BYTES = 128 << 20
 
 
 class Tokenizer:
@@ -128,12 +143,23 @@ class Tokenizer:
                 f"{folder} has no tokenizer.json. Tandem needs the fast-tokenizer file that comes "
                 "with the model on Hugging Face; copy it into the model folder."
             )
+        size = tokenizer_file.stat().st_size
+        if size > MAX_TOKENIZER_FILE_BYTES:
+            raise TokenizerError(
+                f"{tokenizer_file} is {size:,} bytes; no model's tokenizer.json is more than "
+                f"{MAX_TOKENIZER_FILE_BYTES:,}. Download the model's tokenizer.json again."
+            )
         try:
             backend = tokenizers.Tokenizer.from_file(str(tokenizer_file))
         except Exception as exc:  # tokenizers raises plain Exception for every kind of bad file
             raise TokenizerError(
                 f"{tokenizer_file} cannot be read ({exc}). Download the model's tokenizer.json again."
             ) from exc
+        check_token_texts(
+            backend.get_vocab(with_added_tokens=True),
+            [token.content for token in backend.get_added_tokens_decoder().values() if token.special],
+            str(tokenizer_file),
+        )
 
         tokenizer_config = _read_json(folder / "tokenizer_config.json")
         special_tokens = {
@@ -406,31 +432,55 @@ def _make_sandbox() -> BoundedSandbox:
 _SANDBOX = _make_sandbox()
 
 
+def check_token_texts(tokens: Iterable[str], special: Iterable[str], source: str) -> None:
+    """Refuse a vocabulary with a token longer than MAX_TOKEN_CHARS or special
+    tokens longer than MAX_SPECIAL_TOKEN_CHARS in all (TokenizerError naming
+    `source`): for tokenizer.json here, and for a GGUF file's vocabulary
+    before it is imported (engine.formats.gguf.tokenizer)."""
+    longest = max(map(len, tokens), default=0)
+    if longest > MAX_TOKEN_CHARS:
+        raise TokenizerError(
+            f"{source} has a token of {longest:,} characters; no model's tokens are longer than "
+            f"{MAX_TOKEN_CHARS:,}. The tokenizer is corrupt or not a real model's."
+        )
+    special_chars = sum(map(len, special))
+    if special_chars > MAX_SPECIAL_TOKEN_CHARS:
+        raise TokenizerError(
+            f"{source} has special tokens of {special_chars:,} characters in all, more than any model's "
+            f"({MAX_SPECIAL_TOKEN_CHARS:,}). The tokenizer is corrupt or not a real model's."
+        )
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     """The object in an optional JSON file; {} when the file is absent."""
     if not path.is_file():
         return {}
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TokenizerError(f"{path} cannot be read ({exc}). Download the model's copy of it again.") from exc
-    if not isinstance(value, dict):
-        raise TokenizerError(f"{path} does not hold a JSON object. Download the model's copy of it again.")
-    return value
+        return read_json_object(path)
+    except FileNotFoundError:
+        return {}
+    except ModelJSONError as exc:
+        raise TokenizerError(f"{path} {exc}. Download the model's copy of it again.") from None
 
 
 def _read_chat_template(folder: Path, tokenizer_config: Mapping[str, Any]) -> str | None:
     jinja_file = folder / "chat_template.jinja"
     if jinja_file.is_file():
         try:
-            return jinja_file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise TokenizerError(f"{jinja_file} cannot be read ({exc}).") from exc
+            # Newlines as Path.read_text gives them (universal newlines).
+            return read_model_file(jinja_file).decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+        except (ModelJSONError, FileNotFoundError, UnicodeDecodeError) as exc:
+            why = "is not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else exc
+            raise TokenizerError(f"{jinja_file} {why}. Download the model's copy of it again.") from None
     template = tokenizer_config.get("chat_template")
     if template is None:
         template = _read_json(folder / "chat_template.json").get("chat_template")
     if isinstance(template, list):  # named templates, e.g. "default" and "tool_use"
-        named = {entry.get("name"): entry.get("template") for entry in template if isinstance(entry, dict)}
+        named = {
+            entry.get("name"): entry.get("template")
+            for entry in template
+            if isinstance(entry, dict) and isinstance(entry.get("name"), str)
+        }
         template = named.get("default")
     if template is not None and not isinstance(template, str):
         raise TokenizerError(f"The chat template in {folder} is not a string. Fix its tokenizer_config.json.")

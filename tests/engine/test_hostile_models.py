@@ -11,6 +11,7 @@ metadata value patched in place.
 from __future__ import annotations
 
 import json
+import re
 import resource
 import struct
 import subprocess
@@ -18,13 +19,18 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
+import gguf
 import numpy as np
 import pytest
+from gguf import GGUFValueType
+from gguf.gguf_writer import GGUFValue
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.errors import GGUFFormatError, InvalidModelConfigError, ModelLoadError
+from engine.errors import GGUFFormatError, InvalidModelConfigError, ModelLoadError, TokenizerError
+from engine.formats.gguf import reader as gguf_reader
 from engine.formats.gguf.importer import import_gguf
 from engine.formats.gguf.reader import MAX_ARRAY_DEPTH, MAX_ARRAY_ITEMS, open_gguf, read_gguf_header
 from engine.model.config import (
@@ -33,7 +39,8 @@ from engine.model.config import (
     check_dimensions,
     check_layer_indices,
 )
-from tests.engine.test_gguf_import import TinyModel, write_gguf
+from engine.model.tokenizer import MAX_TOKEN_CHARS
+from tests.engine.test_gguf_import import TinyModel, byte_level_vocab, sentencepiece_vocab, write_gguf
 
 REPO = Path(__file__).resolve().parents[2]
 # Memory the import may use above what importing it costs (torch included).
@@ -337,3 +344,258 @@ def test_fuzz_base_is_valid(tmp_path: Path) -> None:
     folder = import_gguf(path, tmp_path / "out")
     assert (folder / "config.json").is_file()
     assert np.frombuffer(SMALL[:4], dtype=np.uint8).tobytes() == b"GGUF"
+
+
+# --------------------------------------------------------------------------
+# Metadata of the wrong type, and configurations that import but cannot load
+
+
+def write_with_metadata(
+    path: Path, overrides: dict[str, tuple[Any, GGUFValueType, GGUFValueType | None] | None], **kwargs: Any
+) -> None:
+    """A tiny valid model whose metadata `overrides` set (value, type, array
+    item type) or drop (None), keys of any type the gguf writer can write."""
+
+    class Overriding(gguf.GGUFWriter):
+        def write_header_to_file(self, path: Path | None = None) -> None:
+            for key, value in overrides.items():
+                if value is None:
+                    self.kv_data[0].pop(key, None)
+                else:
+                    self.kv_data[0][key] = GGUFValue(value=value[0], type=value[1], sub_type=value[2])
+            super().write_header_to_file(path)
+
+    original = gguf.GGUFWriter
+    gguf.GGUFWriter = Overriding  # write_gguf looks it up on the module when called
+    try:
+        write_gguf(path, **kwargs)
+    finally:
+        gguf.GGUFWriter = original
+
+
+V = GGUFValueType
+# (metadata set, words the one error must hold)
+WRONG_TYPES = {
+    "split.count a string": ({"split.count": ("2", V.STRING, None)}, "'split.count' is '2', not a whole number"),
+    "split.count an array": ({"split.count": ([2, 2], V.ARRAY, V.UINT16)}, "'split.count' is [2, 2], not a whole number"),
+    "split.count NaN": ({"split.count": (float("nan"), V.FLOAT32, None)}, "'split.count' is nan, not a whole number"),
+    "architecture an array": (
+        {"general.architecture": (["llama"], V.ARRAY, V.STRING)}, "'general.architecture' is ['llama'], not a string",
+    ),
+    "eos_token_id a string": (
+        {"tokenizer.ggml.eos_token_id": ("2", V.STRING, None)}, "'tokenizer.ggml.eos_token_id' is '2', not a whole number",
+    ),
+    "tokens a number": ({"tokenizer.ggml.tokens": (7, V.UINT32, None)}, "'tokenizer.ggml.tokens' is 7, not an array of strings"),
+    "token types strings": (
+        {"tokenizer.ggml.token_type": (["1"] * 8, V.ARRAY, V.STRING)}, "'tokenizer.ggml.token_type' is an array of 8 items, not an array of whole numbers",
+    ),
+    "add_bos_token a long array": (
+        {"tokenizer.ggml.add_bos_token": ([1] * 2000, V.ARRAY, V.UINT8)}, "'tokenizer.ggml.add_bos_token' is an array of 2,000 items, not true or false",
+    ),
+    "chat template an array": (
+        {"tokenizer.chat_template": (["{{ x }}"], V.ARRAY, V.STRING)}, "'tokenizer.chat_template' is ['{{ x }}'], not a string",
+    ),
+    "KV heads per layer as arrays": (
+        {"llama.attention.head_count_kv": ([[2], [2]], V.ARRAY, V.ARRAY)}, "'llama.attention.head_count_kv' is [[2], [2]], not an array of whole numbers",
+    ),
+    "expert_count a long array": (
+        {"llama.expert_count": ([0] * 2000, V.ARRAY, V.UINT32)}, "'llama.expert_count' is an array of 2,000 items, not a whole number",
+    ),
+    "scaling type an array": (
+        {"llama.rope.scaling.type": (["linear"], V.ARRAY, V.STRING)}, "'llama.rope.scaling.type' is ['linear'], not a string",
+    ),
+    "merge of unknown tokens": (
+        {"tokenizer.ggml.merges": (["zz qq"], V.ARRAY, V.STRING)}, "merges number 0 ('zz qq') names 'zz', which is not in tokenizer.ggml.tokens",
+    ),
+    "merge into an unknown token": (
+        {"tokenizer.ggml.merges": (["x y"], V.ARRAY, V.STRING)}, "names 'xy', which is not in tokenizer.ggml.tokens",
+    ),
+    "unknown_token_id past the vocabulary": (
+        {"tokenizer.ggml.unknown_token_id": (10**6, V.UINT32, None)},
+        "tokenizer.ggml.unknown_token_id is 1000000, but the vocabulary has",
+        sentencepiece_vocab,
+    ),
+    "scores of text": (
+        {"tokenizer.ggml.scores": (["0"] * 8, V.ARRAY, V.STRING)},
+        "'tokenizer.ggml.scores' is an array of 8 items, not an array of finite numbers",
+        sentencepiece_vocab,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(WRONG_TYPES), ids=list(WRONG_TYPES))
+def test_metadata_of_any_wrong_type_is_the_importers_error_naming_the_key(tmp_path: Path, case: str) -> None:
+    overrides, words, *vocab = WRONG_TYPES[case]
+    path = tmp_path / "m.gguf"
+    write_with_metadata(path, overrides, model=TinyModel(vocab=vocab[0]()) if vocab else None)
+    with pytest.raises(ModelLoadError) as caught:  # anything else escapes as a traceback
+        import_gguf(path, tmp_path / "out")
+    message = str(caught.value)
+    assert words in message and "\n" not in message and len(message) < 400, message
+    assert not (tmp_path / "out").exists()
+
+
+# (metadata set, words the one line must hold): each imported before, then failed at load.
+UNLOADABLE = {
+    "negative freq_base": ({"llama.rope.freq_base": (-1.0, V.FLOAT32, None)}, "llama.rope.freq_base (rope_theta) is -1.0"),
+    "linear factor 0": (
+        {"llama.rope.scaling.type": ("linear", V.STRING, None), "llama.rope.scaling.factor": (0.0, V.FLOAT32, None)},
+        "llama.rope.scaling.factor (rope_scaling.factor) is 0.0",
+    ),
+    "old linear key 0": ({"llama.rope.scale_linear": (0.0, V.FLOAT32, None)}, "llama.rope.scale_linear (rope_scaling.factor) is 0.0"),
+}
+
+
+@pytest.mark.parametrize("case", list(UNLOADABLE), ids=list(UNLOADABLE))
+def test_rope_values_that_cannot_load_are_refused_at_import(tmp_path: Path, case: str) -> None:
+    overrides, words = UNLOADABLE[case]
+    path = tmp_path / "m.gguf"
+    write_with_metadata(path, overrides)
+    with pytest.raises(InvalidModelConfigError, match=re.escape(words)):
+        import_gguf(path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_app_registers_no_gguf_model_that_cannot_load(tmp_path: Path) -> None:
+    from app.models.errors import ModelError
+    from app.models.registry import ModelRegistry
+
+    path = tmp_path / "m.gguf"
+    write_with_metadata(path, {"llama.rope.freq_base": (-1.0, V.FLOAT32, None)})
+    registry = ModelRegistry(tmp_path / "data" / "models.json")
+    before = [entry.id for entry in registry.models()]
+    with pytest.raises(ModelError, match=re.escape("llama.rope.freq_base (rope_theta) is -1.0")):
+        registry.import_gguf(path)
+    assert [entry.id for entry in ModelRegistry(tmp_path / "data" / "models.json").models()] == before
+    imports = tmp_path / "data" / "models"
+    assert not imports.exists() or not any(imports.iterdir())  # no folder left behind
+
+
+def test_a_vocabulary_token_longer_than_any_models_is_refused_at_import(tmp_path: Path) -> None:
+    vocab = byte_level_vocab()
+    vocab.tokens[-1] = "x" * (MAX_TOKEN_CHARS + 1)  # "xyz", a normal token no merge makes
+    path = tmp_path / "m.gguf"
+    write_gguf(path, TinyModel(vocab=vocab))
+    with pytest.raises(TokenizerError, match=f"has a token of {MAX_TOKEN_CHARS + 1:,} characters"):
+        import_gguf(path, tmp_path / "out")
+
+
+# --------------------------------------------------------------------------
+# What the reader materializes, in total over the whole header
+
+
+def _kv(key: str, kind: int, payload: bytes) -> bytes:
+    return _string(key) + struct.pack("<I", kind) + payload
+
+
+def _float_arrays(count: int, items: int) -> bytes:
+    """`count` metadata keys, each a float32 array of `items`."""
+    array = struct.pack("<IQ", 6, items) + np.arange(items, dtype="<f4").tobytes()
+    return _header(0, count) + b"".join(_kv(f"a{i}", 9, array) for i in range(count))
+
+
+def _string_arrays(count: int, items: int, text: bytes = b"ab") -> bytes:
+    """`count` metadata keys, each an array of `items` copies of `text`."""
+    array = struct.pack("<IQ", 8, items) + (struct.pack("<Q", len(text)) + text) * items
+    return _header(0, count) + b"".join(_kv(f"s{i}", 9, array) for i in range(count))
+
+
+# (file, reader constant lowered to what, words of the error)
+BUDGETS = {
+    "short float arrays": (lambda: _float_arrays(120, 1000), ("MAX_METADATA_VALUES", 100_000), "more than 100,000 strings and numbers in all"),
+    "two-character strings": (lambda: _string_arrays(6, 20_000), ("MAX_METADATA_VALUES", 100_000), "at the metadata 's5'"),
+    "text": (lambda: _string_arrays(3, 10, b"x" * 30_000), ("MAX_METADATA_BYTES", 500_000), "hold more than 500 KB of text in all"),
+    "keys": (lambda: _header(0, 101) + b"".join(_kv(f"k{i}", 4, bytes(4)) for i in range(101)), ("MAX_METADATA_KEYS", 100), "it has 101 metadata keys"),
+    "tensors": (
+        # 101 one-row F32 tensors, all at offset 0 of the data
+        lambda: _header(101, 0) + b"".join(_string(f"t{i}") + struct.pack("<IQIQ", 1, 32, 0, 0) for i in range(101)) + bytes(4096),
+        ("MAX_TENSORS", 100), "it has 101 tensors",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BUDGETS), ids=list(BUDGETS))
+def test_metadata_beyond_the_total_budget_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    make, (constant, value), words = BUDGETS[case]
+    path = tmp_path / "many.gguf"
+    path.write_bytes(make() + bytes(64))
+    read_gguf_header(path)  # within the real budgets: read
+    monkeypatch.setattr(gguf_reader, constant, value)
+    for long_arrays in (True, False):  # the summary refuses what the import refuses
+        with pytest.raises(GGUFFormatError, match=re.escape(words)) as caught:
+            read_gguf_header(path, long_arrays=long_arrays)
+        assert "many.gguf is refused" in str(caught.value)
+
+
+def test_long_numeric_arrays_are_read_only_views_of_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "floats.gguf"
+    path.write_bytes(_float_arrays(2, 5000) + bytes(64))
+    metadata = read_gguf_header(path).metadata
+    assert isinstance(metadata["a0"], np.ndarray) and not metadata["a0"].flags.writeable
+    np.testing.assert_array_equal(metadata["a1"], np.arange(5000, dtype=np.float32))
+    assert read_gguf_header(path, long_arrays=False).metadata == {}
+
+
+READER_CHILD = """
+import json, sys, time
+from engine.errors import ModelLoadError
+from engine.formats.gguf import reader
+for name, value in json.loads(sys.argv[2]).items():
+    setattr(reader, name, value)  # a budget lowered, so that a small file is past it
+started = time.perf_counter()
+try:
+    header = reader.read_gguf_header(sys.argv[1])
+except ModelLoadError as exc:
+    print(f"{time.perf_counter() - started:.3f}")
+    sys.stderr.write(f"error: {exc}\\n")
+    sys.exit(1)
+print(len(header.metadata))
+"""
+
+
+@pytest.fixture(scope="module")
+def reader_baseline() -> int:
+    """The address space of a process that has imported the reader (numpy, gguf)."""
+    probe = "import engine.formats.gguf.reader\nprint(next(l for l in open('/proc/self/status') if l.startswith('VmPeak')))"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
+    return int(out.stdout.split()[1]) * 1024
+
+
+def test_float_metadata_arrays_cost_their_mapping_not_ten_times_the_file(tmp_path: Path, reader_baseline: int) -> None:
+    # 8M float32 values (32 MB): as Python floats in lists, 256 MB.
+    path = tmp_path / "floats.gguf"
+    path.write_bytes(_float_arrays(4, 2_000_000) + bytes(64))
+    limit = reader_baseline + path.stat().st_size + (64 << 20)
+    result = run_limited([sys.executable, "-c", READER_CHILD, str(path), "{}"], limit, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == "4", (result.stdout, result.stderr)
+
+
+def test_a_file_of_short_strings_ends_in_one_line_under_a_memory_limit(tmp_path: Path, reader_baseline: int) -> None:
+    path = tmp_path / "strings.gguf"
+    path.write_bytes(_string_arrays(8, 40_000) + bytes(64))  # 320,000 two-character strings, in 8 arrays
+    budget = json.dumps({"MAX_METADATA_VALUES": 200_000})
+    result = run_limited([sys.executable, "-c", READER_CHILD, str(path), budget], reader_baseline + (64 << 20), timeout=60)
+    assert_one_clear_line(result, "strings.gguf is refused", "more than 200,000 strings and numbers in all")
+
+
+def test_the_apps_summary_of_metadata_of_the_wrong_type_is_a_model_error(tmp_path: Path) -> None:
+    from app.models.checks import read_gguf_summary
+    from app.models.errors import CorruptGGUFError
+
+    path = tmp_path / "m.gguf"
+    write_with_metadata(path, {"llama.attention.head_count": ("four", V.STRING, None)})
+    with pytest.raises(CorruptGGUFError, match="'llama.attention.head_count' is 'four', not a whole number"):
+        read_gguf_summary(path).shape()
+    write_with_metadata(path, {"general.architecture": (["llama"], V.ARRAY, V.STRING)})
+    assert read_gguf_summary(path).architecture == "unknown"
+
+
+def test_an_import_the_loader_would_refuse_as_too_big_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.formats import model_json
+
+    path = tmp_path / "m.gguf"
+    write_gguf(path, chat_template="{{ messages[0]['content'] }}" + " " * 3000)
+    monkeypatch.setattr(model_json, "MAX_JSON_BYTES", 2000)  # the loader's cap, lowered past the template
+    with pytest.raises(TokenizerError, match=r"its tokenizer_config.json would be 3.\d KB, more than the loader reads \(2.0 KB\)"):
+        import_gguf(path, tmp_path / "out")
+    assert not (tmp_path / "out").exists() and [p.name for p in tmp_path.iterdir()] == ["m.gguf"]

@@ -90,8 +90,9 @@ def test_headers_that_do_not_match_the_file_are_refused(tmp_path: Path, header: 
 def test_a_header_length_past_the_file_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "liar.safetensors"
     path.write_bytes(struct.pack("<Q", 1 << 50) + b"{}")
-    with pytest.raises(CorruptSafetensorsError, match="a header of"):
+    with pytest.raises(CorruptSafetensorsError, match="header's length is more than the file holds") as caught:
         read_header(path)
+    assert str(1 << 50) not in str(caught.value)  # the file's bytes are never shown
 
 
 def test_a_weight_in_two_shards_is_refused_and_others_can_be_skipped(tmp_path: Path) -> None:

@@ -42,7 +42,7 @@ import numpy as np
 from gguf.quants import dequantize
 from tokenizers import Tokenizer
 
-from engine.errors import FolderWriteError, ModelLoadError, UnsupportedModelError
+from engine.errors import FolderWriteError, ModelLoadError, TokenizerError, UnsupportedModelError
 from engine.formats.gguf.reader import GGUFFile, GGUFMetadata, GGUFTensorInfo, open_gguf
 from engine.formats.gguf.tables import (
     ARCHITECTURES,
@@ -57,6 +57,8 @@ from engine.formats.gguf.tables import (
     stored_format,
 )
 from engine.formats.gguf.tokenizer import build_tokenizer
+from engine.formats import model_json
+from engine.formats.model_json import shown_value
 from engine.formats.safetensors import TensorEntry, entry_nbytes, write_streamed
 from engine.formats.staged_folder import (
     MARKER_NAME,
@@ -70,8 +72,9 @@ from engine.formats.staged_folder import (
     write_file,
     write_json,
 )
-from engine.model.config import check_dimensions, check_layer_indices
+from engine.model.config import MAX_POSITIONS, check_dimensions, check_layer_indices, check_rope_and_window
 from engine.model.quant import FOLDER_FORMAT_VERSION, GROUP_SIZE, quantize
+from engine.model import tokenizer as model_tokenizer
 from engine.progress import (
     LoadReporter,
     ProgressCallback,
@@ -155,6 +158,7 @@ def import_gguf(
         write_json(staging / "generation_config.json", checkpoint.generation_config)
         write_file(staging / "tokenizer.json", checkpoint.tokenizer.to_str().encode())
         write_json(staging / "tokenizer_config.json", checkpoint.tokenizer_config)
+        _check_loadable_sizes(staging, source)
         _write_safetensors(
             staging / "model.safetensors",
             checkpoint.tensors,
@@ -171,6 +175,21 @@ def import_gguf(
     finally:
         # Gone already when published; otherwise the import failed half way.
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _check_loadable_sizes(staging: Path, source: Path) -> None:
+    """Refuse an import whose files the loader would refuse as too big (a
+    chat template or vocabulary of tens of megabytes fits the GGUF reader's
+    budget but not a folder's JSON files)."""
+    limits = {name: model_json.MAX_JSON_BYTES for name in ("config.json", "generation_config.json", "tokenizer_config.json")}
+    limits["tokenizer.json"] = model_tokenizer.MAX_TOKENIZER_FILE_BYTES
+    for name, limit in limits.items():
+        size = (staging / name).stat().st_size
+        if size > limit:
+            raise TokenizerError(
+                f"{source.name}: its {name} would be {format_bytes(size)}, more than the loader reads "
+                f"({format_bytes(limit)}); its tokenizer or chat template is not a real model's."
+            )
 
 
 # --------------------------------------------------------------------------
@@ -252,19 +271,19 @@ class _Checkpoint:
 def _read_checkpoint(source: Path) -> _Checkpoint:
     gguf = open_gguf(source)
     meta = GGUFMetadata(gguf.header)
-    if int(meta.get("split.count", 1)) > 1:
+    if meta.integer("split.count", 1) > 1:
         raise UnsupportedModelError(
             f"{source.name} is one part of a split GGUF model. Merge the parts into one file first "
             "(llama.cpp: llama-gguf-split --merge)."
         )
-    arch_name = meta.require("general.architecture")
+    arch_name = meta.string("general.architecture")
     arch = ARCHITECTURES.get(arch_name)
     if arch is None:
         raise UnsupportedModelError(
-            f"{source.name}: the GGUF architecture {arch_name!r} is not supported. "
+            f"{source.name}: the GGUF architecture {shown_value(arch_name)} is not supported. "
             f"Tandem imports these GGUF architectures: {', '.join(sorted(ARCHITECTURES))}."
         )
-    if meta.get(f"{arch_name}.expert_count", 0):
+    if meta.integer(f"{arch_name}.expert_count", 0):
         raise UnsupportedModelError(
             f"{source.name} is a mixture-of-experts model, which Tandem does not run."
         )
@@ -294,10 +313,11 @@ def _model_config(gguf: GGUFFile, meta: GGUFMetadata, arch_name: str, arch: Arch
     if embedding is None:
         raise ModelLoadError(f"{meta.source.name} has no token_embd.weight tensor; the file is incomplete.")
     n_kv_heads: Any = meta.get(key("attention.head_count_kv"))
-    if isinstance(n_kv_heads, list):
-        if len(set(n_kv_heads)) > 1:
+    if isinstance(n_kv_heads, (list, np.ndarray)):  # one per layer
+        per_layer = meta.integers(key("attention.head_count_kv")) or []
+        if len(set(per_layer)) > 1:
             raise UnsupportedModelError(f"{meta.source.name} has a different number of KV heads per layer.")
-        n_kv_heads = n_kv_heads[0] if n_kv_heads else None
+        n_kv_heads = per_layer[0] if per_layer else None
     # The dimensions as config.json names them, checked (engine.model.config)
     # before anything is computed or sized from them.
     dimensions: dict[str, Any] = {
@@ -351,24 +371,42 @@ def _model_config(gguf: GGUFFile, meta: GGUFMetadata, arch_name: str, arch: Arch
     )
     if rope_scaling is not None:
         config["rope_scaling"] = rope_scaling
-    config["bos_token_id"] = meta.get("tokenizer.ggml.bos_token_id")
-    config["eos_token_id"] = meta.get("tokenizer.ggml.eos_token_id")
+    # The engine's own check of what it would load (engine.model.config),
+    # here so that a value that imports is one that loads.
+    check_rope_and_window(config, meta.source.name, _rope_labels(meta, arch_name, rope_freqs is not None))
+    config["bos_token_id"] = meta.optional_integer("tokenizer.ggml.bos_token_id")
+    config["eos_token_id"] = meta.optional_integer("tokenizer.ggml.eos_token_id")
     config["torch_dtype"] = "float32"
     return config
+
+
+def _rope_labels(meta: GGUFMetadata, arch_name: str, from_tensor: bool) -> dict[str, str]:
+    """config.json's RoPE fields -> the GGUF keys (or tensor) they came from."""
+    old_key = meta.get(f"{arch_name}.rope.scaling.type") is None and meta.get(f"{arch_name}.rope.scale_linear") is not None
+    factor = (
+        "rope_freqs.weight" if from_tensor
+        else f"{arch_name}.rope.scale_linear" if old_key
+        else f"{arch_name}.rope.scaling.factor"
+    )
+    return {
+        "rope_theta": f"{arch_name}.rope.freq_base",
+        "rope_scaling.factor": factor,
+        "rope_scaling.low_freq_factor": "rope_freqs.weight",
+        "rope_scaling.original_max_position_embeddings": f"{arch_name}.rope.scaling.original_context_length",
+    }
 
 
 def _rope_scaling(
     meta: GGUFMetadata, arch_name: str, rope_freqs: np.ndarray | None, rope_theta: float, head_dim: int
 ) -> dict[str, Any] | None:
-    kind = meta.get(f"{arch_name}.rope.scaling.type")
-    factor_key = f"{arch_name}.rope.scaling.factor"
-    factor = None if meta.get(factor_key) is None else meta.real(factor_key)
-    if kind is None and (linear := meta.get(f"{arch_name}.rope.scale_linear")) is not None:
+    kind = meta.optional_string(f"{arch_name}.rope.scaling.type")
+    factor = meta.optional_real(f"{arch_name}.rope.scaling.factor")
+    if kind is None and (linear := meta.optional_real(f"{arch_name}.rope.scale_linear")) is not None:
         kind, factor = "linear", linear  # the key older converters wrote
     if rope_freqs is not None:
         if kind not in (None, "none"):
             raise UnsupportedModelError(
-                f"{meta.source.name} combines a rope_freqs tensor with {kind!r} RoPE scaling."
+                f"{meta.source.name} combines a rope_freqs tensor with {shown_value(kind)} RoPE scaling."
             )
         return _llama3_rope_scaling(meta.source, rope_freqs, rope_theta, head_dim)
     if kind in (None, "none") or factor in (None, 1.0):
@@ -382,11 +420,11 @@ def _rope_scaling(
             "original_max_position_embeddings": meta.integer(f"{arch_name}.rope.scaling.original_context_length"),
         }
         for name in ("beta_fast", "beta_slow"):
-            if (value := meta.get(f"{arch_name}.rope.scaling.yarn_{name}")) is not None:
+            if (value := meta.optional_real(f"{arch_name}.rope.scaling.yarn_{name}")) is not None:
                 scaling[name] = value
         return scaling
     raise UnsupportedModelError(
-        f"{meta.source.name} uses {kind!r} RoPE scaling, which Tandem does not support."
+        f"{meta.source.name} uses {shown_value(kind)} RoPE scaling, which Tandem does not support."
     )
 
 
@@ -404,20 +442,24 @@ def _llama3_rope_scaling(
     """
     divisors = rope_freqs.astype(np.float64)
     wavelengths = 2 * np.pi * rope_theta ** (np.arange(0, head_dim, 2) / head_dim)
-    factor = float(divisors.max())
+    sane = len(divisors) == len(wavelengths) and bool(np.isfinite(divisors).all() and (divisors > 0).all())
+    factor = float(divisors.max()) if sane else 0.0
     blended = (divisors > 1 + 1e-6) & (divisors < factor * (1 - 1e-6))
     scaling: dict[str, Any] | None = None
-    if len(divisors) == len(wavelengths) and factor > 1 and blended.sum() >= 2:
+    if sane and factor > 1 and blended.sum() >= 2:
         s = (1 / divisors[blended] - 1 / factor) / (1 - 1 / factor)
-        slope, intercept = np.polyfit(s, 1 / wavelengths[blended], 1)
-        original = round(1 / intercept)
-        scaling = {
-            "rope_type": "llama3",
-            "factor": float(str(np.float32(factor))),
-            "low_freq_factor": 1.0,
-            "high_freq_factor": float(f"{1 + slope * original:.6g}"),
-            "original_max_position_embeddings": original,
-        }
+        with np.errstate(all="ignore"):
+            slope, intercept = np.polyfit(s, 1 / wavelengths[blended], 1)
+        # A hostile tensor can fit any line; only a context the engine could have is recomputed.
+        if np.isfinite(slope) and np.isfinite(intercept) and intercept * MAX_POSITIONS >= 1:
+            original = round(1 / intercept)
+            scaling = {
+                "rope_type": "llama3",
+                "factor": float(str(np.float32(factor))),
+                "low_freq_factor": 1.0,
+                "high_freq_factor": float(f"{1 + slope * original:.6g}"),
+                "original_max_position_embeddings": original,
+            }
     if scaling is None or not np.allclose(_llama3_divisors(scaling, wavelengths), divisors, rtol=1e-4):
         raise UnsupportedModelError(
             f"{source.name} has a rope_freqs tensor that is not Llama 3 RoPE scaling; Tandem cannot run it."
@@ -428,8 +470,9 @@ def _llama3_rope_scaling(
 def _llama3_divisors(scaling: dict[str, Any], wavelengths: np.ndarray) -> np.ndarray:
     factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
     original = scaling["original_max_position_embeddings"]
-    s = (original / wavelengths - low) / (high - low)
-    blended = 1 / ((1 - s) / factor + s)
+    with np.errstate(all="ignore"):  # a fit of a hostile tensor may divide by zero; allclose then fails
+        s = (original / wavelengths - low) / (high - low)
+        blended = 1 / ((1 - s) / factor + s)
     scaled = np.where(wavelengths > original / low, factor, blended)
     return np.where(wavelengths < original / high, 1.0, scaled)
 
@@ -439,7 +482,7 @@ def _end_of_generation_ids(meta: GGUFMetadata) -> int | list[int] | None:
     # <|eot_id|>); generation must stop at any of them.
     ids: list[int] = []
     for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
-        token_id = meta.get(f"tokenizer.ggml.{key}")
+        token_id = meta.optional_integer(f"tokenizer.ggml.{key}")
         if token_id is not None and token_id not in ids:
             ids.append(token_id)
     if not ids:

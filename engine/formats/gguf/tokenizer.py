@@ -27,6 +27,8 @@ from tokenizers import (
 
 from engine.errors import TokenizerError, UnsupportedModelError
 from engine.formats.gguf.reader import GGUFMetadata
+from engine.formats.model_json import shown_value
+from engine.model.tokenizer import check_token_texts
 
 # The GPT-2 split regex, applied after each digit has been split off on its
 # own: llama.cpp's "smollm"/"starcoder" pre-tokenizers, and what the original
@@ -92,15 +94,27 @@ BYTE_LEVEL_STYLES = {
 
 
 def build_tokenizer(meta: GGUFMetadata) -> tuple[Tokenizer, dict[str, Any]]:
-    kind = meta.get("tokenizer.ggml.model")
-    tokens: list[str] | None = meta.get("tokenizer.ggml.tokens")
+    kind = meta.optional_string("tokenizer.ggml.model")
+    tokens = meta.strings("tokenizer.ggml.tokens")
     if kind is None or not tokens:
         raise TokenizerError(f"{meta.source.name} has no tokenizer in its metadata; Tandem cannot use it.")
-    token_types: list[int] = meta.get("tokenizer.ggml.token_type") or [TokenType.NORMAL] * len(tokens)
+    token_types: list[int] = meta.integers("tokenizer.ggml.token_type") or [TokenType.NORMAL] * len(tokens)
     if len(token_types) != len(tokens):
         raise TokenizerError(
             f"{meta.source.name}: the tokenizer has {len(tokens)} tokens but {len(token_types)} token types."
         )
+    if kind == "gpt2":
+        special_types = {TokenType.CONTROL}
+    elif kind == "llama":
+        special_types = {TokenType.CONTROL, TokenType.UNKNOWN}
+    else:
+        raise UnsupportedModelError(
+            f"{meta.source.name} uses the tokenizer model {shown_value(kind)}; Tandem supports 'gpt2' (byte-level BPE) "
+            "and 'llama' (SentencePiece BPE)."
+        )
+    specials = [token for token, token_type in zip(tokens, token_types) if token_type in special_types and token]
+    # The loaded tokenizer's own limits (engine.model.tokenizer), checked before anything is built.
+    check_token_texts(tokens, specials, f"{meta.source.name} (tokenizer.ggml.tokens)")
     # First occurrence wins for duplicated strings, as in llama.cpp's lookup.
     vocab: dict[str, int] = {}
     for index, token in enumerate(tokens):
@@ -108,26 +122,13 @@ def build_tokenizer(meta: GGUFMetadata) -> tuple[Tokenizer, dict[str, Any]]:
 
     if kind == "gpt2":
         tokenizer, add_bos_default = _byte_level_tokenizer(meta, vocab)
-        special_types = {TokenType.CONTROL}
-    elif kind == "llama":
+    else:
         tokenizer = _sentencepiece_tokenizer(meta, tokens, token_types, vocab)
         add_bos_default = True
-        special_types = {TokenType.CONTROL, TokenType.UNKNOWN}
-    else:
-        raise UnsupportedModelError(
-            f"{meta.source.name} uses the tokenizer model {kind!r}; Tandem supports 'gpt2' (byte-level BPE) "
-            "and 'llama' (SentencePiece BPE)."
-        )
 
     # Special and user-defined tokens are matched whole in the text, never
     # split; only special ones are dropped when decoding with skip_special_tokens.
-    tokenizer.add_special_tokens(
-        [
-            AddedToken(token, special=True, normalized=False)
-            for token, token_type in zip(tokens, token_types)
-            if token_type in special_types and token
-        ]
-    )
+    tokenizer.add_special_tokens([AddedToken(token, special=True, normalized=False) for token in specials])
     tokenizer.add_tokens(
         [
             AddedToken(token, special=False, normalized=False)
@@ -137,14 +138,14 @@ def build_tokenizer(meta: GGUFMetadata) -> tuple[Tokenizer, dict[str, Any]]:
     )
 
     def special(key: str) -> tuple[str, int] | None:
-        token_id = meta.get(f"tokenizer.ggml.{key}")
+        token_id = meta.optional_integer(f"tokenizer.ggml.{key}")
         if token_id is None or not 0 <= token_id < len(tokens):
             return None
         return tokens[token_id], token_id
 
     bos, eos = special("bos_token_id"), special("eos_token_id")
-    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", add_bos_default))
-    add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
+    add_bos = meta.flag("tokenizer.ggml.add_bos_token", add_bos_default)
+    add_eos = meta.flag("tokenizer.ggml.add_eos_token", False)
     added = [token for token, wanted in ((bos, add_bos), (eos, add_eos)) if wanted]
     if None in added:
         raise TokenizerError(f"{meta.source.name} asks to add a BOS/EOS token it does not define.")
@@ -167,21 +168,21 @@ def build_tokenizer(meta: GGUFMetadata) -> tuple[Tokenizer, dict[str, Any]]:
         "pad_token": text(special("padding_token_id")),
         "clean_up_tokenization_spaces": False,
     }
-    chat_template = meta.get("tokenizer.chat_template")
+    chat_template = meta.optional_string("tokenizer.chat_template")
     if chat_template is not None:
         tokenizer_config["chat_template"] = chat_template
     return tokenizer, tokenizer_config
 
 
 def _byte_level_tokenizer(meta: GGUFMetadata, vocab: dict[str, int]) -> tuple[Tokenizer, bool]:
-    pre = meta.get("tokenizer.ggml.pre", "default")
+    pre = meta.string("tokenizer.ggml.pre", "default")
     style = BYTE_LEVEL_STYLES.get(pre)
     if style is None:
         raise UnsupportedModelError(
-            f"{meta.source.name} uses the byte-level pre-tokenizer {pre!r}, which Tandem does not know; "
+            f"{meta.source.name} uses the byte-level pre-tokenizer {shown_value(pre)}, which Tandem does not know; "
             f"known: {', '.join(sorted(BYTE_LEVEL_STYLES))}."
         )
-    merges = _parse_merges(meta)
+    merges = _parse_merges(meta, vocab)
     tokenizer = Tokenizer(models.BPE(vocab, merges, ignore_merges=style.ignore_merges))
     if style.nfc:
         tokenizer.normalizer = normalizers.NFC()
@@ -190,12 +191,20 @@ def _byte_level_tokenizer(meta: GGUFMetadata, vocab: dict[str, int]) -> tuple[To
     return tokenizer, style.add_bos_default
 
 
-def _parse_merges(meta: GGUFMetadata) -> list[tuple[str, str]]:
+def _parse_merges(meta: GGUFMetadata, vocab: dict[str, int]) -> list[tuple[str, str]]:
+    """The merges as pairs, each of tokens of the vocabulary whose joining is
+    one too (tokenizers' BPE refuses anything else, with a bare Exception)."""
     merges = []
-    for merge in meta.get("tokenizer.ggml.merges") or ():
+    for number, merge in enumerate(meta.strings("tokenizer.ggml.merges") or ()):
         left, sep, right = merge.partition(" ")
         if not sep or not left or not right:
-            raise TokenizerError(f"{meta.source.name} has a malformed BPE merge: {merge!r}.")
+            raise TokenizerError(f"{meta.source.name} has a malformed BPE merge: {shown_value(merge)}.")
+        unknown = next((token for token in (left, right, left + right) if token not in vocab), None)
+        if unknown is not None:
+            raise TokenizerError(
+                f"{meta.source.name}: tokenizer.ggml.merges number {number} ({shown_value(merge)}) names "
+                f"{shown_value(unknown)}, which is not in tokenizer.ggml.tokens; the tokenizer is corrupt."
+            )
         merges.append((left, right))
     return merges
 
@@ -208,18 +217,23 @@ def _sentencepiece_tokenizer(
     Like llama.cpp (and HF's legacy Llama tokenizer), a space is prepended to
     every stretch of text, including the one right after a special token.
     """
-    merges = _parse_merges(meta)
+    merges = _parse_merges(meta, vocab)
     if not merges:
-        scores = meta.get("tokenizer.ggml.scores")
+        scores = meta.reals("tokenizer.ggml.scores")
         if scores is None or len(scores) != len(tokens):
             raise TokenizerError(
                 f"{meta.source.name} has a SentencePiece vocabulary without scores or merges."
             )
         merges = _merges_from_scores(tokens, token_types, scores, vocab)
-    unk_id = meta.get("tokenizer.ggml.unknown_token_id")
+    unk_id = meta.optional_integer("tokenizer.ggml.unknown_token_id")
+    if unk_id is not None and not 0 <= unk_id < len(tokens):
+        raise TokenizerError(
+            f"{meta.source.name}: tokenizer.ggml.unknown_token_id is {unk_id}, but the vocabulary has "
+            f"{len(tokens)} tokens; the tokenizer is corrupt."
+        )
     unk = tokens[unk_id] if unk_id is not None else None
     tokenizer = Tokenizer(models.BPE(vocab, merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
-    add_space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+    add_space_prefix = meta.flag("tokenizer.ggml.add_space_prefix", True)
     replace_spaces = normalizers.Replace(" ", "\u2581")
     if add_space_prefix:
         tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), replace_spaces])
