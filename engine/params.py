@@ -21,6 +21,9 @@ class InvalidSamplingParams(EngineError, ValueError):
     """A sampling parameter is outside its allowed range."""
 
 
+_LARGEST_WHOLE = 2**63 - 1
+
+
 @dataclass(slots=True, frozen=True)
 class SamplingField:
     """One numeric SamplingParams field: its range, how a form shows it, what it does.
@@ -55,6 +58,10 @@ class SamplingField:
             return False
         # NaN fails every comparison below, and infinity is no setting.
         if isinstance(value, float) and not math.isfinite(value):
+            return False
+        # A whole number past what the sampler's float32 and int64 tensors
+        # hold (10**4000 from a JSON body or settings.json) is no setting either.
+        if isinstance(value, int) and abs(value) > _LARGEST_WHOLE:
             return False
         if value < self.minimum or (self.exclusive_minimum and value == self.minimum):
             return False
@@ -157,7 +164,7 @@ class SamplingParams:
                 )
                 raise InvalidSamplingParams(
                     f"{field.name} ({field.label}) must be {field.range_text()}{kind}, "
-                    f"got {value!r}. {field.help}"
+                    f"got {_shown(value)}. {field.help}"
                 )
         _require(
             self.seed is None or _is_int(self.seed),
@@ -186,4 +193,13 @@ def _is_int(value: object) -> bool:
 
 def _require(ok: bool, field: str, meaning: str, allowed: str, value: object) -> None:
     if not ok:
-        raise InvalidSamplingParams(f"{field} ({meaning}) must be {allowed}, got {value!r}")
+        raise InvalidSamplingParams(f"{field} ({meaning}) must be {allowed}, got {_shown(value)}")
+
+
+def _shown(value: object) -> str:
+    """A value as a message quotes it: a huge whole number by its size (its
+    repr may not even exist past 4,300 digits), anything else cut short."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**40:
+        return f"a number of {len(str(abs(value))) if value.bit_length() < 14000 else 'over 4,000'} digits"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -22,6 +22,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from app.files import terminal_json, terminal_text
 from app.models.errors import ModelError
 
 
@@ -53,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _COMMANDS[args.command](args)
     except ModelError as exc:
-        print(f"tandem models: {exc}", file=sys.stderr)
+        print(terminal_text(f"tandem models: {exc}"), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("\ntandem models: stopped; run the same command again to continue a download.", file=sys.stderr)
@@ -130,7 +131,7 @@ def _download(args: argparse.Namespace) -> int:
     entry = download_choice(registry, listing, choice, on_progress=show)
     if sys.stdout.isatty():
         print()
-    print(f"Added “{entry.name}” as {entry.id}.")
+    print(terminal_text(f"Added “{entry.name}” as {entry.id}."))
     return 0
 
 
@@ -140,12 +141,12 @@ def _list(args: argparse.Namespace) -> int:
     registry = ModelRegistry()
     models = registry.models()
     if args.json:
-        print(json.dumps([_entry_json(e) for e in models], indent=2, ensure_ascii=False))
+        print(terminal_json(json.dumps([_entry_json(e) for e in models], indent=2, ensure_ascii=False)))
         return 0
     for entry in models:
         where = entry.source.as_posix() if entry.downloaded and entry.source else (str(entry.path) if entry.path else "")
         missing = "" if entry.available() else "  (files missing)"
-        print(f"{entry.id}  {entry.name}  [{entry.kind_label}]  {where}{missing}")
+        print(terminal_text(f"{entry.id}  {entry.name}  [{entry.kind_label}]  {where}{missing}"))
     return 0
 
 
@@ -162,7 +163,7 @@ def _remove(args: argparse.Namespace) -> int:
     from app.models.registry import ModelRegistry
 
     entry = ModelRegistry().remove(args.id)
-    print(f"Removed “{entry.name}”.")
+    print(terminal_text(f"Removed “{entry.name}”."))
     return 0
 
 

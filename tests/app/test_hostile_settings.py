@@ -162,3 +162,21 @@ def test_tandem_models_list_survives_a_5000_digit_integer(tmp_path: Path) -> Non
     assert done.returncode == 0 and done.stdout.startswith(f"{DEFAULT_MODEL_ID}  "), (done.stdout, done.stderr)
     assert "Traceback" not in done.stderr and "more than 4300 digits" in done.stderr
     assert (data / "models.json.bad").exists()
+
+
+def test_tandem_models_prints_a_models_name_without_steering_the_terminal(tmp_path: Path) -> None:
+    # A model's name comes from its file (GGUF general.name), made by a stranger.
+    data = tmp_path / "data"
+    data.mkdir()
+    name = "evil\x1b]0;pwned\x07\x1b[2J\u202egguf.exe"
+    entry = {"id": "evil", "name": name, "kind": "folder", "path": str(tmp_path / "evil")}
+    (data / "models.json").write_text(json.dumps({"version": 1, "models": [entry]}), encoding="utf-8")
+    script = "import sys; from ui.main import main; sys.exit(main(sys.argv[1:]))"
+    env = dict(os.environ, TANDEM_DATA_DIR=str(data), TANDEM_LOG_DIR=str(tmp_path / "logs"))
+    for args in (["models", "list"], ["models", "list", "--json"]):
+        done = subprocess.run([sys.executable, "-c", script, *args], cwd=REPO, capture_output=True, text=True,
+                              timeout=60, env=env)
+        assert done.returncode == 0, done.stderr
+        assert "evil" in done.stdout
+        assert not any(c in done.stdout for c in "\x1b\x07\u202e"), done.stdout
+    assert json.loads(done.stdout)[-1]["name"] == name  # still the same JSON

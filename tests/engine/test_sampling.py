@@ -471,6 +471,17 @@ def test_invalid_params_name_the_field(field: str, value: object) -> None:
     assert isinstance(raised.value, EngineError) and isinstance(raised.value, ValueError)
 
 
+@pytest.mark.parametrize("field", ["temperature", "top_k", "max_tokens", "repetition_penalty", "top_p"])
+@pytest.mark.parametrize("digits", [20, 4001, 5001])
+def test_whole_numbers_past_any_tensor_are_refused_in_a_short_sentence(field: str, digits: int) -> None:
+    # 10**4000 is a finite number a JSON body or a hand-edited settings.json
+    # can hold; past 4,300 digits Python cannot even print it.
+    with pytest.raises(InvalidSamplingParams, match=rf"^{field} \(.+\) must be .*, got (1000|a number of)") as raised:
+        SamplingParams(**{field: 10 ** (digits - 1)})
+    assert len(str(raised.value)) < 400
+    SamplingParams(seed=10**5000)  # any whole number seeds a generator (mod 2**64)
+
+
 def test_defaults_and_edges_are_valid() -> None:
     default = SamplingParams()
     assert not default.greedy
