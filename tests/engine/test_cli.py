@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from importlib.metadata import version
 from pathlib import Path
 
@@ -393,6 +394,21 @@ def test_progress_in_a_log_mentions_only_the_import() -> None:
     )
 
 
+def _wait_until_reading(pid: int) -> None:
+    """Until the process's main thread sleeps in a pipe read (Linux), or a
+    second where /proc does not say."""
+    wchan = Path(f"/proc/{pid}/wchan")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            if "pipe_read" in wchan.read_text():
+                return
+        except OSError:
+            time.sleep(1)
+            return
+        time.sleep(0.01)
+
+
 def test_ctrl_c_at_the_empty_chat_prompt_ends_the_line(default_model_dir: Path) -> None:
     child = subprocess.Popen(
         [sys.executable, "-m", "engine", "chat", "--model", str(default_model_dir)],
@@ -401,6 +417,10 @@ def test_ctrl_c_at_the_empty_chat_prompt_ends_the_line(default_model_dir: Path) 
     try:
         assert child.stdout is not None
         assert child.stdout.read(2) == b"> "  # input() flushes its prompt, then waits
+        # A signal between that flush and the read it waits in only sets a
+        # flag the blocked read never looks at (as a person's Ctrl+C, which
+        # comes later, never does): send it once the read is waiting.
+        _wait_until_reading(child.pid)
         child.send_signal(signal.SIGINT)
         out, err = child.communicate(timeout=60)
     finally:

@@ -111,16 +111,11 @@ def test_plain_runner_is_unchanged_by_the_mode_switch(tmp_path: Path) -> None:
 # -- end to end, default model, default dtype ---------------------------------
 
 
-# The engine's modes (deterministic=True, and the default: None), each on
-# both sides of the dtype choice `auto` makes on a CPU: float32 where it has
-# no native bf16 dot products, bfloat16 where it has them. The quantized
-# model runs the native forward in every one of them.
-MODES = {
-    "deterministic-float32": (True, "float32"),
-    "deterministic-bfloat16": (True, "bfloat16"),
-    "default-float32": (None, "float32"),
-    "default-bfloat16": (None, "bfloat16"),
-}
+# The engine's modes: deterministic=True, and the default (None). Both run
+# the quantized model on the native forward; float32 is what `dtype auto`
+# gives on a CPU without native bf16 dot products (the other side of that
+# choice: test_bfloat16_replies_are_batch_invariant_in_both_modes).
+MODES = {"deterministic": True, "default": None}
 
 
 @pytest.fixture(scope="module", params=sorted(MODES))
@@ -130,8 +125,7 @@ def mode(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="module")
 def engine(default_model_dir: Path, mode: str):
-    deterministic, dtype = MODES[mode]
-    with Engine(default_model_dir, device="cpu", deterministic=deterministic, dtype=dtype) as eng:
+    with Engine(default_model_dir, device="cpu", deterministic=MODES[mode], dtype="float32") as eng:
         yield eng
 
 
@@ -146,7 +140,7 @@ def alone(engine: Engine) -> list[list[int]]:
 
 
 def test_engine_reports_the_mode(engine: Engine, mode: str) -> None:
-    assert engine.deterministic is (MODES[mode][0] is True)
+    assert engine.deterministic is (mode == "deterministic")
     assert engine.stats().weights.endswith("(kernel)")
 
 
@@ -191,9 +185,22 @@ def test_continuation_over_cached_pages_equals_fresh(engine: Engine) -> None:
 def test_chunked_prefill_equals_alone(default_model_dir: Path, mode: str, alone) -> None:
     # 24 tokens a step: every prompt here is prefilled in several chunks,
     # interleaved with the other requests' decodes.
-    deterministic, dtype = MODES[mode]
-    with Engine(default_model_dir, device="cpu", deterministic=deterministic, dtype=dtype,
+    with Engine(default_model_dir, device="cpu", deterministic=MODES[mode], dtype="float32",
                 max_batch_tokens=24) as eng:
         outputs = eng.generate_outputs([chat(t) for t in MIXED], PARAMS)
         assert max(len(o.prompt_token_ids) for o in outputs) > 24
     assert [o.token_ids for o in outputs] == alone
+
+
+@pytest.mark.parametrize("deterministic", [True, None], ids=["deterministic", "default"])
+def test_bfloat16_replies_are_batch_invariant_in_both_modes(default_model_dir: Path, deterministic) -> None:
+    """`dtype auto` is bfloat16 on CPUs with native bf16 dot products: the
+    seeded chat replies are the same alone and in a batch of eight there too."""
+    with Engine(default_model_dir, device="cpu", deterministic=deterministic, dtype="bfloat16") as eng:
+        alone = []
+        for text, params in zip(MIXED, PARAMS):
+            eng.reset_prefix_cache()
+            alone.append(eng.generate_outputs([chat(text)], params)[0].token_ids)
+        eng.reset_prefix_cache()
+        batch = eng.generate_outputs([chat(t) for t in MIXED], PARAMS)
+    assert [o.token_ids for o in batch] == alone
