@@ -18,8 +18,9 @@ step size, the recent time of a step with each candidate count (all cores,
 and one fewer), runs the current best, and now and then runs one step with
 the other count to see whether the machine has changed. A step that takes
 much longer than usual (another program just got busy) triggers that check
-at once. Quiet, the checks back off to one step in 256, which costs well
-under 1% of throughput.
+at once; on one thread fewer, so does a measurement of all cores older than
+two seconds of steps (a busy program that stopped). Quiet, the checks back
+off to one step in 256, which costs well under 1% of throughput.
 
 `Engine(threads=N)` (CLI `--threads N`) fixes the count instead, and the
 deterministic mode fixes it too: a GEMM library may split a product's
@@ -46,6 +47,11 @@ _MIN_INTERVAL = 8
 _MAX_INTERVAL = 256
 # A step this much slower than its recent average means the machine changed.
 _SLOWDOWN = 1.6
+# On one thread fewer, all cores' measurement goes stale after this many
+# seconds of steps: check it again then, however long the step-count interval
+# has grown. A load that ended is found within seconds even where 256 steps
+# take ten (B=16 at ~20 steps/s), for one step on all cores in that time.
+_STALE_S = 2.0
 # The other count must be this much faster to take over (noise margin).
 _MARGIN = 0.9
 _EWMA = 0.3
@@ -97,6 +103,7 @@ class _SizeStats:
     choice: int
     seconds: dict[int, float] = field(default_factory=dict)  # recent step time per count
     since_check: int = 0
+    seconds_since_check: float = 0.0
     interval: int = _MIN_INTERVAL
     slow_steps: int = 0
     exploring: int | None = None
@@ -128,8 +135,15 @@ class AdaptiveThreads(ThreadPolicy):
             and other in stats.seconds
             and _MARGIN * stats.seconds[stats.choice] > stats.seconds[other]
         )
+        # Only on the smaller count: there the other's figure is likely from a
+        # load that may have ended; on all cores, a slowdown shows by itself.
+        stale = (
+            stats.choice != self.candidates[0]
+            and other in stats.seconds
+            and stats.seconds_since_check >= _STALE_S
+        )
         if stats.choice in stats.seconds and (
-            stats.since_check >= due or stats.slow_steps >= 2 or overtaken
+            stats.since_check >= due or stats.slow_steps >= 2 or overtaken or stale
         ):
             wanted = other
             stats.exploring = wanted
@@ -144,6 +158,7 @@ class AdaptiveThreads(ThreadPolicy):
             stats.exploring = None
             stats.seconds[used] = seconds
             stats.since_check = 0
+            stats.seconds_since_check = 0.0
             stats.slow_steps = 0
             if seconds < _MARGIN * stats.seconds[stats.choice]:
                 stats.choice = used
@@ -158,6 +173,7 @@ class AdaptiveThreads(ThreadPolicy):
             stats.slow_steps = stats.slow_steps + 1 if seconds > _SLOWDOWN * previous else 0
             stats.seconds[used] = (1 - _EWMA) * previous + _EWMA * seconds
         stats.since_check += 1
+        stats.seconds_since_check += seconds
 
     def describe(self) -> str:
         return f"adaptive between {' and '.join(map(str, self.candidates))} threads"

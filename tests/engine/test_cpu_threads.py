@@ -141,3 +141,19 @@ def test_a_stuttering_busy_machine_is_noticed_without_waiting_for_the_next_check
     used = run(policy, machine, 32, tokens=16)
     # A lucky fast probe may tempt it back to two threads for a step or two.
     assert used[-24:].count(1) >= 18, used
+
+
+def test_a_load_that_ends_is_noticed_within_seconds_of_long_steps() -> None:
+    """Steps of 16 tokens (40 ms quiet on two threads): after a long busy
+    stretch the other count's slow measurement is stale within two seconds
+    of steps, so all cores come back long before 256 steps (10 s) pass."""
+    machine = Machine()
+    policy = AdaptiveThreads(2)
+    run(policy, machine, 400, tokens=16)
+    machine.busy = True
+    run(policy, machine, 400, tokens=16)  # on one thread, its checks backed off
+    machine.busy = False
+    used = run(policy, machine, 120, tokens=16)
+    back = used.index(2)
+    assert sum(machine.step_seconds(n, 16) for n in used[:back]) <= 2.5
+    assert used[-20:] == [2] * 20
