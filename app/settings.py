@@ -61,6 +61,11 @@ DEFAULT_PAGE_SIZE = 16
 PARAM_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens", "seed")
 
 
+# The sampling defaults before issue 29: temperature 0.7 with nothing cut off made
+# small models write gibberish. A file holding exactly these never chose them.
+_OLD_DEFAULTS = {"temperature": 0.7, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
+
+
 def config_dir() -> Path:
     """`$TANDEM_CONFIG_DIR` if set, else the platform's config folder for Tandem."""
     override = os.environ.get("TANDEM_CONFIG_DIR")
@@ -169,6 +174,10 @@ class Settings:
                 problems.append(f"default_params must be an object, not {_shown(params)}")
             else:
                 values: dict[str, Any] = {}
+                if all(params.get(k) == v for k, v in _OLD_DEFAULTS.items()):
+                    # Saved with the old defaults, which nobody chose (every save
+                    # wrote them): today's, and a model's recommendation, apply.
+                    params = {k: v for k, v in params.items() if k not in _OLD_DEFAULTS}
                 for key in PARAM_FIELDS:
                     if key not in params:
                         continue

@@ -31,7 +31,7 @@ from engine.core.sequence import EventSink, RequestOutput, Sequence, StreamEvent
 from engine.core.stats import EngineStats
 from engine.errors import PromptError
 from engine.model.tokenizer import Tokenizer
-from engine.params import SamplingParams
+from engine.params import SamplingParams, read_recommended_sampling
 from engine.progress import ProgressCallback
 from engine.runner.cpu import ModelRunner
 
@@ -81,6 +81,7 @@ class Engine:
     ) -> None:
         config = _engine_config(config, model=model, device=device, dtype=dtype, **options)
         self._ids = itertools.count()
+        self._recommended: dict[str, int | float] | None = None
         core = EngineCore(on_progress, cancel)
         self._core = core
         core.start(config)
@@ -94,6 +95,15 @@ class Engine:
     @property
     def model_path(self) -> Path:
         return self._core.model_path
+
+    @property
+    def recommended_sampling(self) -> dict[str, int | float]:
+        """The sampling settings the model's generation_config.json recommends;
+        empty when it recommends none (engine.params.defaults_for lays them over the defaults)."""
+        # Read once: the server asks on every request, and the folder does not change under a loaded model.
+        if self._recommended is None:
+            self._recommended = read_recommended_sampling(self.model_path)
+        return dict(self._recommended)
 
     @property
     def tokenizer(self) -> Tokenizer:

@@ -1,6 +1,8 @@
 """What a request asks of sampling: SamplingParams, checked when made, and
 SAMPLING_FIELDS, the one table of the numeric fields' ranges and meanings that
-SamplingParams' checks, the command line's flags and the window's form all read.
+SamplingParams' checks, the command line's flags and the window's form all read;
+and the one place the defaults live: SamplingParams' own, replaced field by
+field by what a model's generation_config.json recommends (`defaults_for`).
 
 Kept apart from engine.model.sampler (the tensor work) so that code which only
 stores or shows parameters (the chat store, `tandem chats`) never imports torch.
@@ -9,7 +11,10 @@ stores or shows parameters (the chat store, `tandem chats`) never imports torch.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
 from engine.errors import EngineError
 
@@ -135,14 +140,18 @@ def sampling_field(name: str) -> SamplingField:
 
 @dataclass(slots=True, frozen=True)
 class SamplingParams:
+    # The defaults are the ecosystem's (llama.cpp's; LM Studio and Ollama are
+    # alike): at temperature 0.7 with nothing cut off, small models reach into
+    # their long tail and write gibberish. A model's own recommendation, where
+    # it has one, replaces them (`recommended_sampling`, `defaults_for`).
     max_tokens: int = 512
-    temperature: float = 0.7
+    temperature: float = 0.8
     """0 (or anything below 1e-5) samples greedily."""
-    top_k: int = 0
+    top_k: int = 40
     """0 turns top-k off."""
-    top_p: float = 1.0
+    top_p: float = 0.95
     """1 turns top-p off."""
-    min_p: float = 0.0
+    min_p: float = 0.05
     """0 turns min-p off; else drop tokens with probability below min_p times the top one's."""
     repetition_penalty: float = 1.0
     """1 turns it off. As in HF: for every token in prompt or output, a logit > 0 is divided
@@ -185,6 +194,60 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < _MIN_TEMPERATURE
+
+
+# The fields a model may recommend, by their generation_config.json names
+# (Hugging Face's, which are SamplingParams' own). vLLM reads the same keys;
+# max_new_tokens is left out: it is a model's limit, not advice for a chat.
+RECOMMENDABLE_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+# How the window and the command line name where a pane's or a run's settings came from.
+MODEL_RECOMMENDED = "the model's recommended settings"
+TANDEM_DEFAULTS = "Tandem's defaults"
+GENERATION_CONFIG = "generation_config.json"
+
+
+def recommended_sampling(generation_config: Mapping[str, Any]) -> dict[str, int | float]:
+    """The sampling settings a model's generation_config.json recommends:
+    each RECOMMENDABLE_FIELDS key it holds with a value SamplingParams accepts
+    (a value out of range is no advice and is left out, never an error)."""
+    found: dict[str, int | float] = {}
+    for name in RECOMMENDABLE_FIELDS:
+        value = generation_config.get(name)
+        field = _BY_NAME[name]
+        # 1.0 for top_k from a float-only writer is still a whole number.
+        if field.kind is int and isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if field.kind is float and _is_int(value):
+            value = float(value)
+        if field.allows(value):
+            found[name] = value
+    return found
+
+
+def read_recommended_sampling(folder: str | Path) -> dict[str, int | float]:
+    """`recommended_sampling` of the model folder's generation_config.json;
+    empty when the folder has none or it cannot be read (the defaults apply)."""
+    # Imported here: engine.params stays free of the model-file readers for
+    # code that only stores parameters.
+    from engine.formats.model_json import ModelJSONError, read_json_object
+
+    path = Path(folder) / GENERATION_CONFIG
+    try:
+        return recommended_sampling(read_json_object(path))
+    except (OSError, ModelJSONError):
+        return {}
+
+
+def defaults_for(
+    recommended: Mapping[str, int | float], base: SamplingParams | None = None
+) -> tuple[SamplingParams, str]:
+    """`base` (SamplingParams() when None) with the model's recommendation laid
+    over it, and which of MODEL_RECOMMENDED / TANDEM_DEFAULTS that is."""
+    base = base if base is not None else SamplingParams()
+    chosen = {k: v for k, v in recommended.items() if k in RECOMMENDABLE_FIELDS}
+    if not chosen:
+        return base, TANDEM_DEFAULTS
+    return replace(base, **chosen), MODEL_RECOMMENDED
 
 
 def _is_int(value: object) -> bool:

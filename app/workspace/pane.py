@@ -42,6 +42,9 @@ class Pane:
     # Its place on screen, counted from 1 left to right; the workspace renumbers
     # the panes whenever one is added, closed or moved, so numbers read 1..N.
     number: int = 0
+    # Where its sampling settings came from while the user has not changed them
+    # (app.workspace.pane_defaults.AUTOMATIC_SOURCES); "" once the user has.
+    params_source: str = ""
 
     @property
     def title(self) -> str:

@@ -34,28 +34,18 @@ import numpy as np
 import torch
 
 from engine.kernels import native
+from engine.model.quant_formats import (  # noqa: F401 - the formats' facts, re-exported
+    BLOCK_BYTES,
+    FOLDER_FORMAT_VERSION,
+    FORMATS,
+    GROUP_SIZE,
+    PACK_ROWS,
+    QUANTIZE_FORMATS,
+    QUANTIZED_TABLE_FORMAT,
+    quantized_nbytes,
+)
 
 log = logging.getLogger(__name__)
-
-GROUP_SIZE = 32
-# Output rows per tile of the packed layout (quant_matmul.c's "octet").
-PACK_ROWS = 8
-FORMATS = ("q8_0", "q4_0", "q4_1")
-# Bytes of one group of GROUP_SIZE weights in each format: the levels (8 or
-# 4 bits each) plus a float16 scale (and a float16 min for q4_1).
-BLOCK_BYTES = {"q8_0": GROUP_SIZE + 2, "q4_0": GROUP_SIZE // 2 + 2, "q4_1": GROUP_SIZE // 2 + 4}
-# Version of the folder layout written by the GGUF importer and `quantize`.
-FOLDER_FORMAT_VERSION = 1
-# "Quantize at load" (--quantize, engine.config.QUANTIZE_MODES) -> the format of the layers' matrices.
-QUANTIZE_FORMATS = {"int8": "q8_0", "int4": "q4_1"}
-# ... and of the embedding and a separate LM head, whatever the choice (as
-# llama.cpp's 4-bit mixes keep them at 6-8 bits).
-QUANTIZED_TABLE_FORMAT = "q8_0"
-
-
-def quantized_nbytes(fmt: str, params: int) -> int:
-    """Bytes of `params` weights held in the block format `fmt` (rows are whole groups)."""
-    return params * BLOCK_BYTES[fmt] // GROUP_SIZE
 
 
 @dataclass(slots=True)

@@ -51,7 +51,7 @@ def test_the_reply_becomes_every_panes_answer_and_the_next_turn_hits_the_cache(
         page_size = engine.stats().page_size
         # Different settings, so each pane writes its own reply.
         for seed, pane in enumerate(panes, 1):
-            workspace.set_params(pane.id, SamplingParams(temperature=5.0, seed=seed, max_tokens=8, ignore_eos=True))
+            workspace.set_params(pane.id, SamplingParams(temperature=5.0, seed=seed, max_tokens=8, ignore_eos=True, top_k=0, top_p=1.0, min_p=0.0))
         await (await workspace.send("Name a planet.")).wait()
         own = {pane.id: pane.conversation.messages[1].text for pane in panes}
         reply = best.conversation.messages[1]

@@ -101,12 +101,14 @@ def test_base_url_forms() -> None:
 def test_request_params_from_engine_sampling_params() -> None:
     from engine.params import SamplingParams
 
-    p = SamplingParams(temperature=0.3, top_p=0.9, max_tokens=20, seed=4, stop=("\n",), top_k=40)
+    p = SamplingParams(temperature=0.3, top_p=0.9, max_tokens=20, seed=4, stop=("\n",), top_k=40, min_p=0.05)
     assert request_params(p) == {
         "temperature": 0.3, "top_p": 0.9, "max_tokens": 20, "seed": 4, "stop": ["\n"], "top_k": 40,
+        "min_p": 0.05,
     }
     # Neutral values of options OpenAI itself does not know are not sent.
-    assert "min_p" not in request_params(p) and "repetition_penalty" not in request_params(p)
+    neutral = SamplingParams(temperature=0.3, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0)
+    assert not {"top_k", "min_p", "repetition_penalty"} & set(request_params(neutral))
 
 
 def test_the_app_as_a_client_of_its_own_server(server: RunningServer, engine: Engine) -> None:

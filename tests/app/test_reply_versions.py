@@ -147,10 +147,10 @@ def test_markdown_lists_each_replys_own_settings(tiny_engine: Engine) -> None:
     header, messages = md.split("## Messages")
     first, second = messages.split("Second question")
     # The first reply lists the settings it was made with, not the ones chosen later.
-    assert "*Sampling: temperature 0.7, max tokens 8*" in first
+    assert "*Sampling: temperature 0.7, max tokens 8, top-k 40, top-p 0.95, min-p 0.05*" in first
     assert "seed 7" not in first
-    assert "*Sampling: temperature 0, max tokens 8, seed 7*" in second
-    assert "- Sampling of new replies: temperature 0, max tokens 8, seed 7" in header
+    assert "*Sampling: temperature 0, max tokens 8, top-k 40, top-p 0.95, min-p 0.05, seed 7*" in second
+    assert "- Sampling of new replies: temperature 0, max tokens 8, top-k 40, top-p 0.95, min-p 0.05, seed 7" in header
 
 
 def test_an_export_with_versions_imports_with_them(tiny_engine: Engine, tmp_path: Path) -> None:

@@ -82,6 +82,25 @@ def test_file_that_is_not_an_object_is_kept_aside(config_dir: Path) -> None:
     assert (config_dir / "settings.json.bad").exists()
 
 
+def test_the_old_sampling_defaults_a_save_wrote_give_way_to_todays(config_dir: Path) -> None:
+    # Every save wrote the defaults of the day, so these were never chosen; a value
+    # the user changed (repetition_penalty, max_tokens) is kept.
+    old = {"temperature": 0.7, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.1,
+           "max_tokens": 300, "seed": None}
+    config_dir.mkdir()
+    (config_dir / "settings.json").write_text(json.dumps({"default_params": old}), encoding="utf-8")
+    settings = Settings.load()
+    assert settings.default_params == SamplingParams(repetition_penalty=1.1, max_tokens=300)
+    assert settings.load_warning is None
+    # One of them changed: the user chose them all.
+    (config_dir / "settings.json").write_text(
+        json.dumps({"default_params": dict(old, temperature=0.9)}), encoding="utf-8"
+    )
+    assert Settings.load().default_params == SamplingParams(
+        temperature=0.9, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.1, max_tokens=300
+    )
+
+
 def test_invalid_values_fall_back_one_by_one(config_dir: Path) -> None:
     config_dir.mkdir()
     (config_dir / "settings.json").write_text(

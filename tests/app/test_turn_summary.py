@@ -19,7 +19,9 @@ def test_the_figures_are_the_replies_stats(tiny_engine: Engine) -> None:
     workspace = Workspace(Settings(), engine=tiny_engine)
     panes = [workspace.add_pane() for _ in range(3)]
     for seed, pane in enumerate(panes, 1):
-        workspace.set_params(pane.id, SamplingParams(temperature=5.0, seed=seed, max_tokens=4 + 3 * seed, ignore_eos=True))
+        workspace.set_params(pane.id, SamplingParams(
+            temperature=5.0, seed=seed, max_tokens=4 + 3 * seed, ignore_eos=True, top_k=0, top_p=1.0, min_p=0.0
+        ))
 
     async def main() -> None:
         assert last_turn(workspace.panes) is None

@@ -240,6 +240,23 @@ def test_every_option_is_described_with_its_default(command: str) -> None:
             assert action.metavar in ("TEXT", "PATH", "N", "T", "K", "P", "X"), flag
 
 
+def test_sampling_left_out_takes_the_models_recommendation_then_tandems_defaults() -> None:
+    from engine.entrypoints.cli.options import sampling_params, sampling_source
+    from engine.params import MODEL_RECOMMENDED, TANDEM_DEFAULTS, SamplingParams
+
+    parse = cli.build_parser().parse_args
+    bare = parse(["generate", "--chat", "Hi"])
+    assert sampling_params(bare) == SamplingParams()
+    assert sampling_source(bare, {}) == TANDEM_DEFAULTS
+    recommended = {"temperature": 0.6, "top_k": 20}
+    assert sampling_params(bare, recommended) == SamplingParams(temperature=0.6, top_k=20)
+    assert sampling_source(bare, recommended) == MODEL_RECOMMENDED
+    # A flag given beats the model's recommendation.
+    flagged = parse(["generate", "--chat", "Hi", "--temperature", "0", "--top-k", "0"])
+    assert sampling_params(flagged, recommended) == SamplingParams(temperature=0, top_k=0)
+    assert sampling_source(flagged, recommended) == TANDEM_DEFAULTS
+
+
 def test_generate_help_shows_defaults_metavars_and_examples(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -247,7 +264,7 @@ def test_generate_help_shows_defaults_metavars_and_examples(
     assert text.startswith("usage: python -m engine generate")
     assert "--chat TEXT" in text and "--prompt TEXT" in text and "INPUTS" not in text
     assert "--max-tokens N most tokens a reply may have (default: 512)" in text
-    assert "(greedy) (default: 0.7)" in text
+    assert "(greedy) (default: the model's recommendation, else 0.8)" in text
     assert "--threads N a fixed number of CPU threads for the model's math (default: the engine's CPU thread policy" in text
     assert "--deterministic, --no-deterministic reproducible replies" in text
     assert "--model PATH" in text

@@ -31,6 +31,7 @@ from engine.formats.gguf.importer import MARKER_NAME, import_gguf
 from engine.model.linear import Linear
 from engine.formats.loader import load_model, quantized_formats, read_weights, resolve_quantized_compute
 from engine.model.quant import QuantLinear, cpu_kernel_available, error_bound, quantize
+from engine.params import read_recommended_sampling
 
 # --------------------------------------------------------------------------
 # Writing tiny GGUF files
@@ -442,6 +443,22 @@ def test_end_of_turn_tokens_join_eos_in_generation_config(tmp_path: Path) -> Non
     folder = import_gguf(tmp_path / "m.gguf", tmp_path / "out")
     assert read_json(folder / "generation_config.json")["eos_token_id"] == [2, 0]
     assert read_json(folder / "config.json")["eos_token_id"] == 2
+
+
+def test_recommended_sampling_is_carried_into_generation_config(tmp_path: Path) -> None:
+    write_gguf(tmp_path / "m.gguf", kv={
+        "general.sampling.temp": 0.6, "general.sampling.top_p": 0.95, "general.sampling.top_k": 20,
+        "general.sampling.min_p": 0.0,
+        # Out of range: no advice, and no reason to refuse the file.
+        "general.sampling.penalty_repeat": -1.0,
+    })
+    folder = import_gguf(tmp_path / "m.gguf", tmp_path / "out")
+    generation = read_json(folder / "generation_config.json")
+    assert {k: generation[k] for k in ("temperature", "top_p", "top_k", "min_p")} == {
+        "temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0,
+    }
+    assert "repetition_penalty" not in generation
+    assert read_recommended_sampling(folder) == {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0}
 
 
 @pytest.mark.parametrize(

@@ -37,11 +37,11 @@ from engine.model.tokenizer import Tokenizer
 if len(sys.argv) > 2:  # a lowered deadline, and no other limit in its way (what it builds, it drops)
     template_sandbox.MAX_SECONDS = float(sys.argv[2])
     template_sandbox.BUILT_BYTES_PER_CHAR = 1 << 12
-started = time.perf_counter()
+started = time.process_time()  # CPU: what the template costs, whatever else the machine runs
 try:
     Tokenizer.from_folder(sys.argv[1])
 except ModelLoadError as exc:
-    print(f"{time.perf_counter() - started:.3f}")
+    print(f"{time.process_time() - started:.3f}")
     sys.stderr.write(f"error: {exc}\\n")
     sys.exit(1)
 print("loaded")

@@ -38,6 +38,9 @@ def make_sampler(
     device: torch.device = CPU, prompt_ids: tuple[int, ...] = (), **params: object
 ) -> RequestSampler:
     params.setdefault("seed", 0)
+    # Each test turns on the filters it tests: the defaults' top-k, top-p and min-p would hide what it measures.
+    for name, off in (("top_k", 0), ("top_p", 1.0), ("min_p", 0.0)):
+        params.setdefault(name, off)
     return RequestSampler(SamplingParams(**params), device, prompt_ids)
 
 
@@ -411,11 +414,12 @@ def test_top_p_sorts_only_rows_whose_set_is_not_among_the_candidates(
     peaked = random_logits(1, vocab, seed=8, scale=6.0)
     flat = random_logits(1, vocab, seed=9, scale=0.5)
     logits = torch.cat([peaked, flat, peaked, flat])
+    off = dict(top_k=0, min_p=0.0)  # the defaults' top-k and min-p would decide what this test measures
     params = [
-        SamplingParams(temperature=1.0, top_p=0.9),
-        SamplingParams(temperature=1.0, top_p=0.9),
-        SamplingParams(temperature=1.0, top_p=1.0),
-        SamplingParams(temperature=0.8, top_k=2000, top_p=0.95),
+        SamplingParams(temperature=1.0, top_p=0.9, **off),
+        SamplingParams(temperature=1.0, top_p=0.9, **off),
+        SamplingParams(temperature=1.0, top_p=1.0, **off),
+        SamplingParams(temperature=0.8, top_k=2000, top_p=0.95, min_p=0.0),
     ]
     ours = _filtered_logits(logits, [RequestSampler(p, CPU, ()) for p in params])
     assert rows_searched == [(4, 2000), (1, vocab)]  # row 3 keeps at most its top 2000

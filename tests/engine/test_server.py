@@ -105,6 +105,18 @@ def test_the_shown_model_name_its_slug_and_default_all_reach_the_model(client: o
     assert f"'{model}'" in info.value.body["message"]
 
 
+def test_fields_a_request_leaves_out_take_the_models_recommendation() -> None:
+    from engine.entrypoints.openai.choices import with_recommendation
+
+    recommended = {"temperature": 0.6, "top_k": 20, "min_p": 0.05}
+    body = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "temperature": 0.2}
+    fields = with_recommendation(proto.parse_chat_request(body).sampling, recommended)
+    assert (fields.temperature, fields.top_k, fields.min_p, fields.top_p) == (0.2, 20, 0.05, 1.0)
+    # Without a recommendation, OpenAI's defaults.
+    bare = proto.parse_completion_request({"model": "m", "prompt": "Hi"}).sampling
+    assert with_recommendation(bare, {}) == bare and (bare.temperature, bare.top_k) == (1.0, 0)
+
+
 def test_models_lists_the_served_model(client: openai.OpenAI, model: str) -> None:
     models = client.models.list()
     assert [m.id for m in models.data] == [model]

@@ -105,7 +105,8 @@ def make_window(loop: asyncio.AbstractEventLoop, qtbot: Any, tiny_engine_factory
 
     def make(panes: int = 3, engine: Any = None, **params: Any) -> Any:
         settings = Settings()
-        defaults = dict(temperature=0.0, max_tokens=16)
+        # Filters off: a test that turns the temperature up wants the random model's whole range.
+        defaults = dict(temperature=0.0, max_tokens=16, top_k=0, top_p=1.0, min_p=0.0)
         defaults.update(params)
         settings.default_params = dataclasses.replace(SamplingParams(), **defaults)
         workspace = Workspace(settings, engine=engine if engine is not None else tiny_engine_factory())

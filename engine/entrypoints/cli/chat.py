@@ -19,6 +19,7 @@ from engine.entrypoints.cli.options import (
     print_stats,
     request_error,
     sampling_params,
+    sampling_source,
 )
 from engine.errors import EngineError
 from engine.params import SamplingParams
@@ -49,11 +50,16 @@ def add_chat_parser(sub: Any, prog: str) -> argparse.ArgumentParser:
 
 
 def run_chat(args: argparse.Namespace) -> int:
-    params = sampling_params(args)
+    sampling_params(args)  # a bad combination of flags is refused before the model loads
     print("Loading model...", file=sys.stderr, flush=True)
     with open_engine(args) as engine:
+        recommended = engine.recommended_sampling
+        params = sampling_params(args, recommended)
+        source = sampling_source(args, recommended)
         print(
-            f"Chatting with {engine.model_path.name}. Commands: /reset, /exit.",
+            f"Chatting with {engine.model_path.name}"
+            + (f", sampling with {source}" if source else "")
+            + ". Commands: /reset, /exit.",
             file=sys.stderr,
             flush=True,
         )

@@ -100,6 +100,7 @@ def run_generate(args: argparse.Namespace) -> int:
         else:
             prompts.append(text)
     with open_engine(args) as engine:
+        params = sampling_params(args, engine.recommended_sampling)
         try:
             _write_replies(engine, prompts, params, args.json)
         except RequestTooLargeError as exc:

@@ -15,12 +15,19 @@ import json
 import math
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from engine.config import EngineConfig, EngineOption
 from engine.errors import EngineError, KVCacheTooSmallError, MaxContextTooLargeError, RequestTooLargeError
-from engine.params import SAMPLING_FIELDS, SamplingField, SamplingParams
+from engine.params import (
+    RECOMMENDABLE_FIELDS,
+    SAMPLING_FIELDS,
+    SamplingField,
+    SamplingParams,
+    defaults_for,
+)
 
 _SAMPLING_DEFAULTS = SamplingParams()
 # The letter each sampling flag's help refers to its value by.
@@ -162,10 +169,15 @@ def max_context_in_flags(exc: MaxContextTooLargeError) -> str:
 def add_sampling_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("sampling")
     for spec in sorted(SAMPLING_FIELDS, key=lambda s: s.name != "max_tokens"):
+        default = getattr(_SAMPLING_DEFAULTS, spec.name)
+        # Left out, a field a model may recommend takes the model's value
+        # (its generation_config.json), else Tandem's default: None marks it left out.
+        recommendable = spec.name in RECOMMENDABLE_FIELDS
+        shown = f"the model's recommendation, else {default:g}" if recommendable else "%(default)s"
         g.add_argument(
             "--" + spec.name.replace("_", "-"), type=in_range(spec),
-            default=getattr(_SAMPLING_DEFAULTS, spec.name), metavar=_SAMPLING_METAVARS[spec.name],
-            help=f"{_as_flag_help(spec.help)} (default: %(default)s)",
+            default=None if recommendable else default, metavar=_SAMPLING_METAVARS[spec.name],
+            help=f"{_as_flag_help(spec.help)} (default: {shown})",
         )
     g.add_argument(
         "--seed", type=integer, default=None, metavar="N",
@@ -178,9 +190,30 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def sampling_params(args: argparse.Namespace) -> SamplingParams:
-    values = {spec.name: getattr(args, spec.name) for spec in SAMPLING_FIELDS}
-    return SamplingParams(**values, seed=args.seed, stop=tuple(args.stop))
+def sampling_params(
+    args: argparse.Namespace, recommended: Mapping[str, int | float] | None = None
+) -> SamplingParams:
+    """The flags given, over the model's `recommended` settings (Engine.recommended_sampling),
+    over Tandem's defaults."""
+    return _sampling(args, recommended)[0]
+
+
+def sampling_source(args: argparse.Namespace, recommended: Mapping[str, int | float] | None) -> str:
+    """Where the settings the flags left out came from, for a line on stderr:
+    MODEL_RECOMMENDED or TANDEM_DEFAULTS, "" when every such flag was given."""
+    return _sampling(args, recommended)[1]
+
+
+def _sampling(
+    args: argparse.Namespace, recommended: Mapping[str, int | float] | None
+) -> tuple[SamplingParams, str]:
+    given = {spec.name: getattr(args, spec.name) for spec in SAMPLING_FIELDS}
+    given = {name: value for name, value in given.items() if value is not None}
+    left = {k: v for k, v in (recommended or {}).items() if k not in given}
+    base, source = defaults_for(left)
+    if all(name in given for name in RECOMMENDABLE_FIELDS):
+        source = ""
+    return replace(base, **given, seed=args.seed, stop=tuple(args.stop)), source
 
 
 # -- statistics, and errors in the words of the flags -----------------------------------

@@ -15,6 +15,7 @@ what its thread pushes back arrives through `loop.call_soon_threadsafe`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -202,6 +203,14 @@ def reply_limit(engine: Engine, prompt_len: int, requested: int | None, default:
     return max(1, room if default is None else min(default, room))
 
 
+def with_recommendation(fields: SamplingFields, recommended: Mapping[str, int | float]) -> SamplingFields:
+    """`fields` with each sampling field the request left out taken from the
+    model's recommendation (Engine.recommended_sampling), as vLLM does by
+    default; a field the model does not recommend keeps OpenAI's default."""
+    taken = {k: v for k, v in recommended.items() if k not in fields.given}
+    return dataclasses.replace(fields, **taken) if taken else fields
+
+
 def params_per_choice(fields: SamplingFields, max_tokens: Sequence[int], n: int) -> list[SamplingParams]:
     """One SamplingParams per choice (`n` for each prompt's limit in
     `max_tokens`); with a seed, choice i of a prompt draws with seed + i so
@@ -238,6 +247,7 @@ def start_choices(
     """Submit `fields.n` choices for each prompt (`limits[i]` tokens at most
     for prompt i). A prompt that cannot run is a 400 naming `param`, and
     nothing of this call stays submitted."""
+    fields = with_recommendation(fields, engine.recommended_sampling)
     choices = Choices(engine, prompts, params_per_choice(fields, limits, fields.n), fields.n)
     try:
         choices.start()

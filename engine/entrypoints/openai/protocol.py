@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engine.errors import EngineClosedError
+from engine.params import RECOMMENDABLE_FIELDS
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,9 @@ class SamplingFields:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    # The sampling fields the body gave; the others take the model's
+    # recommendation where it has one (Engine.recommended_sampling), as vLLM does.
+    given: frozenset[str] = frozenset()
 
 
 @dataclass(slots=True)
@@ -296,6 +300,7 @@ def _sampling(body: Mapping[str, Any], max_tokens_names: tuple[str, ...]) -> Sam
         seed=_int(body, "seed", None),
         stop=_stop(body),
         ignore_eos=_bool(body, "ignore_eos", False),
+        given=frozenset(name for name in RECOMMENDABLE_FIELDS if body.get(name) is not None),
     )
 
 

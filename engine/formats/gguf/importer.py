@@ -59,6 +59,7 @@ from engine.formats.gguf.tables import (
 from engine.formats.gguf.tokenizer import build_tokenizer
 from engine.formats import model_json
 from engine.formats.model_json import shown_value
+from engine.params import recommended_sampling
 from engine.formats.safetensors import TensorEntry, entry_nbytes, write_streamed
 from engine.formats.staged_folder import (
     MARKER_NAME,
@@ -73,7 +74,7 @@ from engine.formats.staged_folder import (
     write_json,
 )
 from engine.model.config import MAX_POSITIONS, check_dimensions, check_layer_indices, check_rope_and_window
-from engine.model.quant import FOLDER_FORMAT_VERSION, GROUP_SIZE, quantize
+from engine.model.quant_formats import FOLDER_FORMAT_VERSION, GROUP_SIZE
 from engine.model import tokenizer as model_tokenizer
 from engine.progress import (
     LoadReporter,
@@ -236,6 +237,10 @@ class _PlannedTensor:
         elif self.source.type in KEPT_TYPES:
             arrays = _split_blocks(self.source, self.data, self.shape)
         else:
+            # Only a requantized tensor needs PyTorch: a file refused before
+            # its tensors are written never loads it.
+            from engine.model.quant import quantize
+
             requantized = quantize(_dequantize(self.source, self.data).reshape(self.shape), self.quantized)
             arrays = [requantized.data.numpy(), requantized.scales.numpy()]
             if requantized.mins is not None:
@@ -298,8 +303,31 @@ def _read_checkpoint(source: Path) -> _Checkpoint:
     generation_config = {
         "bos_token_id": config["bos_token_id"],
         "eos_token_id": _end_of_generation_ids(meta),
+        **_recommended_sampling(meta),
     }
     return _Checkpoint(config, generation_config, tokenizer, tokenizer_config, planned)
+
+
+# The GGUF keys (gguf-py's Keys.General.SAMPLING_*) a model's maker recommends
+# sampling by, and the generation_config.json key each becomes.
+_SAMPLING_KEYS = {
+    "general.sampling.temp": "temperature",
+    "general.sampling.top_p": "top_p",
+    "general.sampling.top_k": "top_k",
+    "general.sampling.min_p": "min_p",
+    "general.sampling.penalty_repeat": "repetition_penalty",
+}
+
+
+def _recommended_sampling(meta: GGUFMetadata) -> dict[str, int | float]:
+    """The file's recommended sampling as generation_config.json keys; a value
+    SamplingParams would refuse is no advice and is left out, never an error."""
+    found: dict[str, Any] = {}
+    for key, name in _SAMPLING_KEYS.items():
+        value = meta.get(key)
+        # Stored as float32: 0.95 reads 0.949999988..., which a form would show as such.
+        found[name] = round(value, 6) if isinstance(value, float) else value
+    return recommended_sampling(found)
 
 
 def _model_config(gguf: GGUFFile, meta: GGUFMetadata, arch_name: str, arch: Architecture) -> dict[str, Any]:
