@@ -165,3 +165,42 @@ def test_the_model_picker_keeps_the_start_of_the_name_readable(qtbot: Any) -> No
     assert picker.minimumSizeHint().width() >= chars * ModelPicker.MIN_CHARS
     assert picker.sizeHint().width() >= picker.fontMetrics().horizontalAdvance("SmolLM2-135M-Instruct")
     assert "SmolLM2-135M-Instruct" in picker.toolTip()
+
+
+@pytest.mark.parametrize("panes", [1, 3])
+def test_a_restored_interrupted_reply_fits_its_pane_at_1024x700(loop: Any, qapp: Any, panes: int) -> None:
+    """After a crash the session comes back with the reply "interrupted": its
+    note must not widen the pane past the window (text cut, actions off screen)."""
+    from app.settings import Settings
+    from app.workspace.workspace import Workspace
+    from ui.window.main_window import MainWindow
+
+    settings = Settings()
+    workspace = Workspace(settings)
+    for _ in range(panes):
+        conversation = workspace.add_pane().conversation
+        conversation.append_user("What is the capital of France? Answer in one long paragraph, please.")
+        conversation.begin_reply([1, 2, 3])
+        conversation.add_reply_delta("The capital of France is Paris, a city on the Seine known for " * 6, [4])
+        conversation.end_reply("interrupted")
+    window = MainWindow(workspace, settings, version="test", save_settings=False)
+    window.resize(1024, 700)
+    window.show()
+    try:
+        settle(qapp)
+        assert violations(window) == []
+        for view in window.panes.values():
+            reply = view.messages[1]
+            assert reply.state == "interrupted"
+            # What happened stays readable: a short note on screen, the whole sentence on hover.
+            assert reply.state_label.isVisible() and "interrupted" in reply.state_label.text()
+            assert "Tandem closed" in reply.state_label.toolTip()
+            # Copy and Regenerate are reachable: as buttons, or through "⋯".
+            assert reply.actions.isVisible() or reply.more_button.isVisible()
+            right = view.mapTo(window, view.rect().topRight()).x()
+            assert right <= window.width()
+    finally:
+        closed = asyncio.Event()
+        window.closed.connect(closed.set)
+        window.close()
+        run(loop, closed.wait(), timeout=30)

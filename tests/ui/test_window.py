@@ -12,6 +12,9 @@ from PySide6.QtWidgets import QMessageBox
 
 from tests.ui.conftest import on_loop, wait_until
 
+# Top-k, top-p and min-p off: a hot draw from the random model needs its whole range to differ by seed.
+WIDE = dict(top_k=0, top_p=1.0, min_p=0.0)
+
 
 def send(window: Any, text: str) -> None:
     """Type into the message box and press Ctrl+Enter, as a user would."""
@@ -44,7 +47,7 @@ async def test_broadcast_streams_into_the_right_panes(loop: Any, make_window: An
     # Three seeds, hot: three different replies (even from a random model), so
     # a reply in the wrong pane shows.
     for seed, pane in zip((1, 2, 3), ws.panes):
-        ws.set_params(pane.id, SamplingParams(temperature=5.0, max_tokens=12, ignore_eos=True, seed=seed))
+        ws.set_params(pane.id, SamplingParams(temperature=5.0, max_tokens=12, ignore_eos=True, seed=seed, **WIDE))
     assert all(f"seed {s}" in window.panes[p.id].summary_label.full_text() for s, p in zip((1, 2, 3), ws.panes))
 
     send(window, "Name three colours.")
@@ -228,6 +231,8 @@ async def test_settings_popover_changes_the_pane(loop: Any, make_window: Any) ->
     ws = window.workspace
     pane = ws.panes[1]
     view = window.panes[pane.id]
+    # The header says whose settings a new pane runs with (make_window sets defaults as Preferences would).
+    assert "Sampling: your defaults from Preferences" in view.summary_label.toolTip()
     view.settings_button.click()
     popover = window.popover
     assert popover is not None and popover.isVisible()
@@ -242,6 +247,7 @@ async def test_settings_popover_changes_the_pane(loop: Any, make_window: Any) ->
     assert pane.conversation.system_prompt == "You answer like a pirate."
     header = view.summary_label.full_text()
     assert "t=1.3" in header and "top-k 40" in header and "seed 11" in header
+    assert "Sampling:" not in view.summary_label.toolTip()  # now the user's own
     assert ws.panes[0].conversation.params.temperature == 0.0  # the other pane is untouched
 
 
@@ -252,7 +258,7 @@ async def test_compare_highlights_word_differences(loop: Any, make_window: Any) 
     window = make_window(panes=2)
     ws = window.workspace
     for seed, pane in zip((5, 6), ws.panes):
-        ws.set_params(pane.id, SamplingParams(temperature=5.0, max_tokens=12, ignore_eos=True, seed=seed))
+        ws.set_params(pane.id, SamplingParams(temperature=5.0, max_tokens=12, ignore_eos=True, seed=seed, **WIDE))
     send(window, "Describe the weather.")
     await wait_until(lambda: replies_done(window), what="replies")
     window.compare_action.trigger()  # Ctrl+D

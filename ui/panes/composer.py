@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import (
@@ -14,6 +16,9 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
+
+# What the message box tells the user about the models (Composer.set_model_state).
+ModelHint = Literal["ready", "loading", "failed", "none"]
 
 
 class MessageEdit(QPlainTextEdit):
@@ -84,7 +89,9 @@ class Composer(QWidget):
         self._notice_timer.timeout.connect(self.notice.hide)
         self._ready = False
         self._sending = False
-        self.set_ready(False)
+        self._refusal = ""
+        self.model_state: ModelHint = "loading"
+        self.set_model_state("loading")
 
     # -- targets -------------------------------------------------------------
 
@@ -141,17 +148,32 @@ class Composer(QWidget):
     # -- state ---------------------------------------------------------------
 
     def set_ready(self, ready: bool, loading: bool = True) -> None:
-        """Whether a pane can take a message, and when none can, whether a
-        model is on its way. Typing is always allowed: what the user writes
-        while a model loads is sent once it is ready."""
-        self._ready = ready
-        self.send_button.setEnabled(ready and not self._sending)
-        if not ready and loading:
-            self.edit.setPlaceholderText("The model is loading; type away, Send works once it is ready…")
-        elif not ready:
-            self.edit.setPlaceholderText("No model is loaded: use the Load button above the panes, then send.")
-        else:
-            self.edit.setPlaceholderText("Message every selected pane…  (Ctrl+Enter sends)")
+        """Whether a pane can take a message, and when none can, whether a model is on its way."""
+        self.set_model_state("ready" if ready else "loading" if loading else "none")
+
+    def set_model_state(self, state: ModelHint, name: str = "") -> None:
+        """What the message box says it can do: `state` is "ready" (a pane can
+        reply), "loading" (a model is on its way), "failed" (it could not be
+        loaded) or "none" (nothing loads until the user asks); `name` is the
+        model the window's banner is about. Typing is always allowed: what
+        the user writes meanwhile is sent once a model is ready."""
+        self._ready = state == "ready"
+        self.model_state = state
+        self.send_button.setEnabled(self._ready and not self._sending)
+        model = name or "The model"
+        texts: dict[str, tuple[str, str]] = {
+            "ready": ("Message every selected pane…  (Ctrl+Enter sends)", ""),
+            "loading": (f"{model} is loading… type away: Ctrl+Enter sends once it is ready.",
+                        f"{model} is still loading"),
+            # The banner above the panes holds the button these name (ui/window/banner.py).
+            "failed": (f"{model} could not be loaded: press Try again above the panes, or pick another "
+                       f"model in a pane's header.", f"{model} could not be loaded"),
+            "none": (f"No model is loaded: press Load {name or 'the model'} above the panes, or Models → "
+                     f"Load this pane's model (Ctrl+Shift+L).", "No model is loaded"),
+        }
+        hint, self._refusal = texts[state]
+        self.edit.setPlaceholderText(hint)
+        self.send_button.setToolTip("Send to the selected panes (Ctrl+Enter)" if self._ready else hint)
 
     def set_sending(self, sending: bool) -> None:
         self._sending = sending
@@ -169,7 +191,8 @@ class Composer(QWidget):
     def send(self) -> None:
         if not self._ready or self._sending:
             if not self._ready:
-                self.show_notice("The model is still loading; the message was not sent. It is still here: send it once the model is ready.")
+                then = "once the model is ready" if self.model_state == "loading" else "once a model is loaded"
+                self.show_notice(f"{self._refusal}, so the message was not sent. It is still here: send it {then}.")
             return
         self.send_requested.emit(self.edit.toPlainText(), self.targets())
 

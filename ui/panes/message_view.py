@@ -35,6 +35,19 @@ def format_stats(stats: ReplyStats | None, streaming: bool = False) -> str:
     return " · ".join(parts)
 
 
+# The stats line's size against the message text's: smaller, at every zoom.
+STATS_SCALE = 0.85
+
+# A message's state: the word its header shows, and what the word means (its tooltip).
+STATE_NOTES: dict[str, tuple[str, str]] = {
+    "streaming": ("replying…", "The model is writing this reply"),
+    "stopped": ("stopped", "The reply was stopped before the model finished it"),
+    "error": ("failed", "The reply failed; the line below says why"),
+    "interrupted": ("interrupted", "Tandem closed while this reply was being written; "
+                                   "Regenerate writes it again"),
+}
+
+
 class MessageView(QFrame):
     """A message; `update_from(message)` refreshes it from the app's record."""
 
@@ -120,9 +133,7 @@ class MessageView(QFrame):
             self.body.setFont(italic)
         self.stats_label = QLabel(self)
         self.stats_label.setWordWrap(True)
-        small = QFont(self.stats_label.font())
-        small.setPointSizeF(max(small.pointSizeF() * 0.85, 6.0))
-        self.stats_label.setFont(small)
+        self._size_stats_line()
         self.stats_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.stats_label.hide()
         layout.addWidget(self.stats_label)
@@ -147,13 +158,11 @@ class MessageView(QFrame):
             return
         self.state = message.state
         self.body.set_markdown(message.text)
-        notes = {
-            "streaming": "replying…",
-            "stopped": "stopped",
-            "error": "failed",
-            "interrupted": "interrupted: Tandem closed while it was being written",
-        }
-        self.state_label.setText(notes.get(message.state, ""))
+        # One word on screen: a longer note would set the header's least width and
+        # push the pane past the window (the text cut, the actions off screen).
+        note, tip = STATE_NOTES.get(message.state, ("", ""))
+        self.state_label.setText(note)
+        self.state_label.setToolTip(tip)
         stats = live_stats if streaming and live_stats is not None else message.stats
         line = format_stats(stats, streaming)
         if message.state == "error" and message.error:
@@ -222,8 +231,20 @@ class MessageView(QFrame):
             # Only this frame's background: children keep the inherited palette.
             self.setPalette(own)
 
+    def _size_stats_line(self) -> None:
+        # A size of its own stops the label following the pane's zoom, so it is
+        # derived again from the message's font whenever that changes.
+        small = QFont(self.font())
+        if small.pointSizeF() > 0:
+            small.setPointSizeF(max(small.pointSizeF() * STATS_SCALE, min(small.pointSizeF(), 4.0)))
+        else:  # a pixel-sized font
+            small.setPixelSize(max(round(small.pixelSize() * STATS_SCALE), min(small.pixelSize(), 5)))
+        self.stats_label.setFont(small)
+
     def changeEvent(self, event) -> None:  # noqa: N802
         super().changeEvent(event)
+        if event.type() == QEvent.Type.FontChange and hasattr(self, "stats_label"):
+            self._size_stats_line()
         if event.type() == QEvent.Type.PaletteChange and not getattr(self, "_coloring", False):
             self._coloring = True
             try:

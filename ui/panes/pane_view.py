@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.workspace.pane_defaults import source_line
 from ui.panes.message_view import MessageView
 from ui.panes.pane_settings import describe_params
 from ui.theme import warning_color
@@ -116,6 +117,8 @@ class PaneView(QFrame):
         super().__init__(parent)
         self.pane = pane
         self.pane_id: int = pane.id
+        # Counts a chat's text when it has no kept ids yet (an import): None when it cannot.
+        self.count_text_tokens: Callable[[], int | None] | None = None
         self.model_name = model_name
         self.setObjectName(f"pane{pane.id}")
         self.setFrameShape(QFrame.Shape.StyledPanel)
@@ -128,9 +131,19 @@ class PaneView(QFrame):
 
         self.header = QFrame(self)
         self.header.setAutoFillBackground(True)
-        head = QHBoxLayout(self.header)
+        rows = QVBoxLayout(self.header)
+        rows.setContentsMargins(0, 0, 0, 0)
+        rows.setSpacing(0)
+        head = QHBoxLayout()
         head.setContentsMargins(6, 3, 3, 3)
         head.setSpacing(2)
+        rows.addLayout(head)
+        self._head = head
+        # The summary's line of its own in a narrow pane (see _place_summary).
+        self._summary_row = QHBoxLayout()
+        self._summary_row.setContentsMargins(6, 0, 3, 3)
+        rows.addLayout(self._summary_row)
+        self.summary_below = False
         # A forked pane's long title ends in "…" (the full title in its tooltip), never the picker.
         self.title_label = ElidedLabel(self.header, min_chars=7)
         bold = QFont(self.title_label.font())
@@ -143,6 +156,10 @@ class PaneView(QFrame):
         # least its start (ModelPicker.MIN_CHARS; the whole name in its tooltip) when not.
         self.model_picker.hide()  # shown once the window gives it the models to choose from
         self.summary_label = ElidedLabel(self.header)
+        # Keeps the buttons at the right end while the summary is on its own line.
+        self._head_gap = QWidget(self.header)
+        self._head_gap.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Minimum)
+        self._head_gap.hide()
         # "ready" | "loading" | "error" | "unloaded" | "closed": the pane's model, as the window last heard.
         self.model_state = "ready"
         self._model_entries: list[ModelEntry] = []
@@ -157,6 +174,7 @@ class PaneView(QFrame):
         head.addWidget(self.title_label, 0)
         head.addWidget(self.model_picker)
         head.addWidget(self.summary_label, 1)
+        head.addWidget(self._head_gap, 1)
         for button in (self.sweep_button, self.settings_button, self.stop_button, self.close_button):
             head.addWidget(button)
         layout.addWidget(self.header)
@@ -267,6 +285,8 @@ class PaneView(QFrame):
             summary = f"{note} · {summary}"
         self.summary_label.setText(summary)
         tip = summary if remote is None else f"{summary}\nServed by {remote.base_url}"
+        if remote is None and self.pane.params_source:
+            tip += f"\n{source_line(self.pane.params_source)}"
         if conv.system_prompt:
             tip += f"\nSystem prompt: {conv.system_prompt[:300]}"
         self.summary_label.setToolTip(tip)
@@ -275,7 +295,35 @@ class PaneView(QFrame):
         least = max(self.fontMetrics().averageCharWidth() * MIN_PANE_CHARS, self.header.minimumSizeHint().width())
         if least != self.minimumWidth():
             self.setMinimumWidth(least)
+        self._place_summary()
         self._refresh_actions()
+
+    def _place_summary(self) -> None:
+        """The sampling summary beside the model's name when the header has room
+        for the whole of it, else on a second line, where it is cut (with "…")
+        only when even the pane's width is too little: a narrow pane (three
+        and more in a 1024-pixel window) showed none of it."""
+        room = self.summary_label.sizeHint().width()
+        parts = [self.title_label, self.model_picker, self.sweep_button, self.settings_button, self.stop_button,
+                 self.close_button]
+        used = sum(w.sizeHint().width() for w in parts if not w.isHidden())
+        margins = self._head.contentsMargins()
+        used += margins.left() + margins.right() + self._head.spacing() * len(parts)
+        below = bool(self.summary_label.full_text()) and used + room > self.width()
+        if below == self.summary_below:
+            return
+        self.summary_below = below
+        if below:
+            self._head.removeWidget(self.summary_label)
+            self._summary_row.addWidget(self.summary_label)
+        else:
+            self._summary_row.removeWidget(self.summary_label)
+            self._head.insertWidget(self._head.indexOf(self._head_gap), self.summary_label, 1)
+        self._head_gap.setVisible(below)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802
+        super().resizeEvent(event)
+        self._place_summary()
 
     def set_model_entries(self, entries: list[ModelEntry]) -> None:
         """The models the header's picker offers (app.models.registry.ModelEntry)."""
@@ -300,8 +348,9 @@ class PaneView(QFrame):
             self.context_meter.setFormat("no token counts from the server yet")
         elif limit:
             self.context_meter.setFormat(f"{_short_count(used)} / {_short_count(limit)} tokens")
-        else:
-            self.context_meter.setFormat(f"{_short_count(used)} tokens (context size unknown)")
+        else:  # short, so that it fits the narrowest pane's meter; the tooltip says the size is unknown
+            self.context_meter.setFormat(f"{_short_count(used)} tokens")
+        size_unknown = used is not None and not limit
         used = used or 0
         # Warn before the next turn stops fitting: the conversation, a reply
         # of the pane's maximum length and a message's worth of room.
@@ -321,6 +370,9 @@ class PaneView(QFrame):
                 else "the next message will be refused (pane settings: drop the oldest turns instead)"
             )
             self.context_meter.setToolTip(f"The conversation nearly fills the model's context: soon {then}.")
+        elif size_unknown:
+            self.context_meter.setToolTip(f"This conversation uses {used} tokens; the model's context size "
+                                          f"is unknown (the server did not say it)")
         else:
             self.context_meter.setToolTip("Tokens of the model's context this conversation uses")
 
@@ -330,6 +382,10 @@ class PaneView(QFrame):
         None when it reported nothing."""
         conv = self.pane.conversation
         used = int(conv.context_used)
+        if not used and conv.messages and self.pane.remote is None and self.count_text_tokens is not None:
+            counted = self.count_text_tokens()
+            if counted is not None:
+                return counted
         if used or self.pane.remote is None:
             return used
         for message in reversed(conv.messages):

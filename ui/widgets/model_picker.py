@@ -6,7 +6,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QSize, Qt, Signal
-from PySide6.QtWidgets import QComboBox, QWidget
+from PySide6.QtGui import QPaintEvent
+from PySide6.QtWidgets import QComboBox, QStyle, QStyleOptionComboBox, QStylePainter, QWidget
 
 from engine.progress import display_path
 
@@ -73,3 +74,20 @@ class ModelPicker(QComboBox):
         chrome = max(hint.width() - text, 0) if text else self.fontMetrics().averageCharWidth() * 4
         least = chrome + self.fontMetrics().averageCharWidth() * self.MIN_CHARS
         return QSize(min(hint.width(), least), hint.height())
+
+    def shown_text(self) -> str:
+        """The name as drawn: ending in "…" when the picker is narrower than it."""
+        option = QStyleOptionComboBox()
+        self.initStyleOption(option)
+        field = self.style().subControlRect(QStyle.ComplexControl.CC_ComboBox, option,
+                                            QStyle.SubControl.SC_ComboBoxEditField, self)
+        return self.fontMetrics().elidedText(option.currentText, Qt.TextElideMode.ElideRight, max(field.width(), 1))
+
+    def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802
+        # The style draws the name cut mid-letter in a narrow pane; "…" says there is more.
+        painter = QStylePainter(self)
+        option = QStyleOptionComboBox()
+        self.initStyleOption(option)
+        painter.drawComplexControl(QStyle.ComplexControl.CC_ComboBox, option)
+        option.currentText = self.shown_text()
+        painter.drawControl(QStyle.ControlElement.CE_ComboBoxLabel, option)

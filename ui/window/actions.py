@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QAction, QActionGroup, QKeySequence
-from PySide6.QtWidgets import QMenu, QMenuBar
+from PySide6.QtCore import QEvent, QObject, Qt
+from PySide6.QtGui import QAction, QActionGroup, QKeyEvent, QKeySequence
+from PySide6.QtWidgets import QApplication, QDockWidget, QMenu, QMenuBar, QWidget
 
 from ui.dialogs.shortcuts import shortcut_text
 
@@ -140,6 +140,95 @@ EXTRA_SHORTCUT_ROWS: tuple[tuple[str, str], ...] = (
     # One scheme for any number of arena panes N: 1..N the winner, N+1 a tie, N+2 all bad.
     ("Arena vote (arena bar focused): A, B, … better, then tie, then all bad", "1 … N, N+1, N+2 (two panes: 1, 2, 3, 4)"),
 )
+
+
+# What Qt's text boxes (QLineEdit, QPlainTextEdit, QTextEdit) do with a key on
+# Linux (Qt's X11 key-binding table; the offscreen test platform uses another
+# scheme, so the table is written out here rather than asked of the platform).
+TEXT_BOX_KEYS: dict[str, str] = {
+    "Ctrl+A": "select all", "Ctrl+C": "copy", "Ctrl+Insert": "copy", "Ctrl+V": "paste", "Shift+Insert": "paste",
+    "Ctrl+X": "cut", "Shift+Delete": "cut", "Ctrl+Z": "undo", "Alt+Backspace": "undo", "Ctrl+Y": "redo",
+    "Ctrl+Shift+Z": "redo", "Alt+Shift+Backspace": "redo",
+    "Ctrl+K": "delete to the end of the line", "Ctrl+U": "delete the whole line",
+    "Ctrl+Backspace": "delete the word before the cursor", "Ctrl+Delete": "delete the word after the cursor",
+    "Ctrl+E": "go to the end of the line (one-line boxes)",
+    "Ctrl+Left": "previous word", "Ctrl+Right": "next word", "Ctrl+Shift+Left": "select the previous word",
+    "Ctrl+Shift+Right": "select the next word", "Ctrl+Home": "start of the text", "Ctrl+End": "end of the text",
+    "Ctrl+Shift+Home": "select to the start", "Ctrl+Shift+End": "select to the end",
+    "Home": "start of the line", "End": "end of the line", "Shift+Home": "select to the line's start",
+    "Shift+End": "select to the line's end", "PgUp": "page up", "PgDown": "page down",
+    "Ctrl+Up": "scroll up", "Ctrl+Down": "scroll down", "Shift+Return": "line break", "Return": "new line",
+    "Tab": "next field", "Shift+Tab": "previous field",
+}
+
+# The window's shortcuts that a text box would otherwise take, each decided:
+# the window wins (WindowShortcuts), because the menu promises the key and what
+# the text box would do costs the user the draft or is at hand another way.
+WINDOW_WINS: dict[str, str] = {
+    "Ctrl+K": "Search chats; the draft stays whole (Shift+End, Delete removes to the line's end)",
+    "Ctrl+E": "Edit last message; End goes to the end of the line",
+}
+
+
+def text_box_clashes(rows: tuple[Row, ...] = ACTIONS) -> dict[str, str]:
+    """{shortcut: action id} for every action key that a text box binds too."""
+    bound = {QKeySequence(key).toString(QKeySequence.SequenceFormat.PortableText) for key in TEXT_BOX_KEYS}
+    clashes: dict[str, str] = {}
+    for row in rows:
+        if isinstance(row, ActionSpec):
+            for key in row.shortcuts:
+                if QKeySequence(key).toString(QKeySequence.SequenceFormat.PortableText) in bound:
+                    clashes[key] = row.id
+    return clashes
+
+
+class WindowShortcuts(QObject):
+    """Lets the window's shortcuts win over a text box's own binding of the
+    same key (Ctrl+K: "delete to the end of the line" in every Qt text box on
+    Linux, which erased the draft while Search chats never got the key).
+
+    A text box claims a key by accepting the ShortcutOverride event Qt sends
+    it first; this filter answers that event for the box when an enabled
+    action of the window has the key, so the key goes to the action and the
+    box never sees it. It sits on whichever widget of the window has focus,
+    installed (again, so it acts first) as focus arrives."""
+
+    def __init__(self, window: QWidget, actions: dict[str, QAction]) -> None:
+        super().__init__(window)
+        self._window = window
+        self._actions = actions
+        app = QApplication.instance()
+        if isinstance(app, QApplication):
+            app.focusChanged.connect(self._focus_changed)
+            self._focus_changed(None, app.focusWidget())
+
+    def _in_window(self, widget: QWidget) -> bool:
+        top = widget.window()
+        # A floating dock (the chats sidebar) still takes the window's shortcuts, as Qt decides them.
+        while isinstance(top, QDockWidget) and top.parentWidget() is not None:
+            top = top.parentWidget().window()
+        return top is self._window
+
+    def _focus_changed(self, old: QWidget | None, new: QWidget | None) -> None:
+        if old is not None:
+            old.removeEventFilter(self)  # a filter costs a call per event: only on the focused widget
+        if new is not None and self._in_window(new):
+            new.installEventFilter(self)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802
+        if event.type() == QEvent.Type.ShortcutOverride and isinstance(event, QKeyEvent) and self.owns(event):
+            event.ignore()  # not the box's: Qt then tries the window's shortcuts
+            return True
+        return False
+
+    def owns(self, event: QKeyEvent) -> bool:
+        """Whether an enabled window action has this key as one of its shortcuts."""
+        pressed = QKeySequence(event.keyCombination())
+        return any(
+            action.isEnabled() and shortcut.matches(pressed) == QKeySequence.SequenceMatch.ExactMatch
+            for action in self._actions.values()
+            for shortcut in action.shortcuts()
+        )
 
 
 def _resolve(window: MainWindow, path: str) -> Callable[..., Any]:

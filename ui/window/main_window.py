@@ -41,11 +41,11 @@ from ui.dialogs.shortcuts import EditMessageDialog, ShortcutsDialog, about_text
 from ui.panes.arena_bar import ArenaBar
 from ui.panes.code_highlight import warm_up as warm_up_code
 from ui.panes.compare_bar import CompareBar
-from ui.panes.composer import Composer
+from ui.panes.composer import Composer, ModelHint
 from ui.panes.pane_settings import PaneSettingsPopover
 from ui.panes.pane_view import PaneView
 from ui.theme import is_dark
-from ui.window.actions import build_actions, refresh_enabled, shortcut_rows
+from ui.window.actions import WindowShortcuts, build_actions, refresh_enabled, shortcut_rows
 from ui.window.arena import WindowArena
 from ui.window.banner import LoadingBanner, StoreBanner
 from ui.window.chat_files import ChatFiles
@@ -194,6 +194,7 @@ class MainWindow(QMainWindow):
         provided = {"chats_sidebar": self.sidebar_dock.toggleViewAction()} if self.sidebar_dock is not None else {}
         features = frozenset({"sidebar"} if self.sidebar is not None else set())
         self.menu_actions = build_actions(self, self.menuBar(), features=features, provided=provided)
+        self.window_shortcuts = WindowShortcuts(self, self.menu_actions)
         self.new_pane_action = self.menu_actions["new_pane"]
         self.close_pane_action = self.menu_actions["close_pane"]
         self.send_action = self.menu_actions["send"]
@@ -312,8 +313,25 @@ class MainWindow(QMainWindow):
 
     def refresh_ready(self) -> None:
         """The composer sends when at least one pane can reply (a remote pane needs no local model)."""
-        if not self.shutdown_started:
-            self.composer.set_ready(any(self.workspace.pane_model_state(pid) == "ready" for pid in self.panes))
+        if not self.shutdown_started and not self.workspace.closed:
+            states = [self.workspace.pane_model_state(pid) for pid in self.panes]
+            self.composer.set_model_state(self._model_hint(states), self._hint_model_name())
+
+    def _model_hint(self, states: list[str]) -> ModelHint:
+        """What the message box says, from the panes' model states; a model not
+        asked for yet counts as loading (the window loads it once it is up,
+        and the banner says "Loading…") unless after a crash or a cancel."""
+        if any(st == "ready" for st in states):
+            return "ready"
+        asked = self.crash_recovery or self.load_requested
+        if any(st == "loading" or (st == "unloaded" and not asked) for st in states):
+            return "loading"
+        return "failed" if any(st == "error" for st in states) else "none"
+
+    def _hint_model_name(self) -> str:
+        # The model the banner shows (its button says "Load <name>"), else the default one.
+        model_id = self.banner.model_id or self.workspace.default_model
+        return self.models.name(model_id) if model_id else ""
 
     def apply_engine_state(self, state: str, progress: LoadProgress | None, error: str | None) -> None:
         """Show what the panes' models are doing: the banner for the one that
@@ -322,7 +340,7 @@ class MainWindow(QMainWindow):
         model's; the banner asks the workspace for the model it shows.)"""
         ws = self.workspace
         if state == "closed" or ws.closed:
-            self.composer.set_ready(False, loading=False)
+            self.composer.set_model_state("none")
             return
         states: dict[int, str] = {pid: ws.pane_model_state(pid) for pid in self.panes}
         for pid, view in self.panes.items():
@@ -330,12 +348,10 @@ class MainWindow(QMainWindow):
             view.model_name = self.models.name(view.pane.conversation.model_id)
             view.refresh_header()
             view.refresh_context()
-        self.composer.set_ready(
-            any(st == "ready" for st in states.values()), loading=any(st == "loading" for st in states.values())
-        )
         local = [v.pane.conversation.model_id for v in self.panes.values() if v.pane.remote is None]
         shown = self.banner.show_models(ws, local or [ws.default_model], self.models.name,
                                         crash_recovery=self.crash_recovery, load_requested=self.load_requested)
+        self.composer.set_model_state(self._model_hint(list(states.values())), self._hint_model_name())
         if shown == "error":
             self.status_bar.show_no_model()
         current = self.current_pane_id if self.current_pane_id in states else next(iter(states), None)

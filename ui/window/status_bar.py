@@ -9,12 +9,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from PySide6.QtCore import QRect, Qt
+from PySide6.QtGui import QPainter, QPaintEvent
 from PySide6.QtWidgets import QLabel, QStatusBar, QWidget
 
 if TYPE_CHECKING:
     from engine.llm import EngineStats
 
 STATS_INTERVAL_MS = 500
+# Room between a flashed message and the permanent text, in average characters.
+MESSAGE_GAP_CHARS = 3
 
 
 def describe_stats(stats: EngineStats) -> str:
@@ -41,6 +45,30 @@ class WindowStatusBar(QStatusBar):
         # Until the window hears how the models are (show_model_state), nothing is claimed.
         self.engine_label = QLabel("", self)
         self.addPermanentWidget(self.engine_label)
+
+    def message_rect(self) -> QRect:
+        """Where a flashed message is drawn: left of the permanent text, a gap short of it."""
+        right = self.width() - 12
+        if self.engine_label.isVisible() and self.engine_label.text():
+            right = self.engine_label.x() - self.fontMetrics().averageCharWidth() * MESSAGE_GAP_CHARS
+        return QRect(6, 0, max(right - 6, 0), self.height())
+
+    def shown_message(self) -> str:
+        """The flashed message as drawn: ending in "…" when it does not fit beside the permanent text."""
+        return self.fontMetrics().elidedText(self.currentMessage(), Qt.TextElideMode.ElideRight,
+                                             self.message_rect().width())
+
+    def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802
+        # QStatusBar draws a message up to the permanent text, cut without "…", so
+        # at 1024 pixels "…stop it, the" ran straight into "cpu · q4_1". Drawn here instead.
+        if not self.currentMessage():
+            super().paintEvent(event)
+            return
+        painter = QPainter(self)
+        painter.setPen(self.palette().color(self.foregroundRole()))
+        painter.drawText(self.message_rect(), Qt.AlignmentFlag.AlignLeading | Qt.AlignmentFlag.AlignVCenter
+                         | Qt.TextFlag.TextSingleLine, self.shown_message())
+        painter.end()
 
     def show_stats(self, stats: EngineStats | None) -> None:
         """Describe `stats`; None (nothing loaded to ask) keeps what is shown."""
