@@ -155,6 +155,8 @@ class OpenAIClient:
     ) -> None:
         self.base_url = normalize_base_url(base_url)
         self.model = model
+        # Whether a key was sent decides what a 401 means: none given, or the wrong one.
+        self.has_api_key = bool(api_key)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(
             base_url=self.base_url + "/",
@@ -270,10 +272,20 @@ class OpenAIClient:
         if status < 400:
             return
         server_message = _server_message(response)
-        said = f": {server_message}" if server_message else ""
+        # The sentence below ends in its own period; the server's may too.
+        said = f": {server_message.rstrip(' .')}" if server_message else ""
         if status in (401, 403):
+            if not self.has_api_key:
+                # The server's own words here are for curl users ("send 'Bearer YOUR_KEY'"):
+                # kept in server_message, not shown, as they read as a truncated placeholder.
+                raise RemoteAuthError(
+                    f"The server at {self.base_url} needs an API key (HTTP {status}), and none was given. "
+                    "Enter the server's key.",
+                    status,
+                    server_message,
+                )
             raise RemoteAuthError(
-                f"The server at {self.base_url} refused the API key (HTTP {status}){said}. "
+                f"The server at {self.base_url} refused the API key given (HTTP {status}){said}. "
                 "Check the key set for this server.",
                 status,
                 server_message,

@@ -196,7 +196,12 @@ def _import(path: Path, file: Path, out: TextIO) -> int:
         raise _UsageError(str(exc)) from None
     with ChatStore.open(path, recover=False) as store:
         store.save_conversation(conversation)
-    print(conversation.id, file=out)
+    # A sentence, not a bare id: what was added, and the id the other commands take.
+    short = conversation.id[:SHORT_ID]
+    title = f"“{terminal_text(conversation.title)}”" if conversation.title else "an untitled chat"
+    count = len(conversation.messages)
+    print(f"Imported {title} ({count} message{'' if count == 1 else 's'}) as {short}.", file=out)
+    print(f"It is listed in the window's Chats sidebar; print it with: tandem chats export {short}", file=out)
     return 0
 
 

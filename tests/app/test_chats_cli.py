@@ -99,10 +99,17 @@ def test_import(saved: list[Conversation], tmp_path: Path, data_dir: Path) -> No
     assert run("export", "abc2", "--format", "json", "-o", str(exported))[0] == 0
     code, out, err = run("import", str(exported))
     assert code == 0 and err == ""
-    new_id = out.strip()
-    assert len(new_id) == 32 and new_id not in {c.id for c in saved}
     with ChatStore.open(data_dir / "chats.sqlite3") as store:
+        new_id = next(s.id for s in store.list_conversations() if s.id not in {c.id for c in saved})
         assert_same(saved[1], store.load_conversation(new_id), same_id=False, token_ids=False)
+    # A sentence, not a bare id: what came in, and the short id the other commands take.
+    count = len(saved[1].messages)
+    assert out.splitlines() == [
+        f"Imported “{saved[1].title}” ({count} message{'' if count == 1 else 's'}) as {new_id[:8]}.",
+        f"It is listed in the window's Chats sidebar; print it with: tandem chats export {new_id[:8]}",
+    ]
+    code, shown, _ = run("export", new_id[:8], "--format", "md")
+    assert code == 0 and saved[1].messages[0].text in shown
 
     broken = tmp_path / "broken.json"
     broken.write_text('{"format": "tandem-chat",\n "version": 1,', encoding="utf-8")

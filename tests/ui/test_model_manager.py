@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QMessageBox, QPushButton
+from PySide6.QtCore import QPoint, Qt
+from PySide6.QtWidgets import QLabel, QMessageBox, QPushButton
 
 from app.models.registry import ModelEntry, ModelRegistry
 from engine.progress import LoadProgress
@@ -318,11 +318,11 @@ def test_changing_a_loaded_models_choice_applies_at_the_next_load_or_now(
     )
     assert "runs as before until the model loads again" in dialog.quantize_note.text()
     assert dialog.reload_button.isVisible()
-    # Tab from the choice reaches the button; Space presses it.
+    # Tab from the last choice reaches the button, in its own row under both; Space presses it.
     with qtbot.waitActive(dialog):
         dialog.activateWindow()
-    dialog.quantize_choice.setFocus()
-    qtbot.keyClick(dialog.quantize_choice, Qt.Key.Key_Tab)
+    dialog.context_length.setFocus()
+    qtbot.keyClick(dialog.context_length, Qt.Key.Key_Tab)
     assert dialog.reload_button.hasFocus()
     qtbot.keyClick(dialog.reload_button, Qt.Key.Key_Space)
     assert reloaded == ["tiny-llama"]
@@ -414,3 +414,63 @@ def test_capping_a_loaded_models_context_offers_a_reload(qapp: Any, qtbot: Any, 
     dialog.reload_button.click()
     assert reloaded == ["tiny-llama"]
     assert not dialog.reload_button.isVisible()
+
+
+def test_the_context_arrows_treat_the_models_own_as_the_top(
+    qapp: Any, qtbot: Any, registry: ModelRegistry, model_folder: Path
+) -> None:
+    dialog = ModelManagerDialog(registry)
+    qtbot.addWidget(dialog)
+    dialog.show()
+    dialog.add_folder(model_folder)
+    box = dialog.context_length
+    assert box.text() == "Model's own (2,048)"
+    box.setFocus()
+    qtbot.keyClick(box, Qt.Key.Key_Up)  # already the most: stays, no jump to 256
+    assert box.text() == "Model's own (2,048)" and registry.get("tiny-llama").max_context is None
+    qtbot.keyClick(box, Qt.Key.Key_Down)
+    assert box.value() == 1792 and registry.get("tiny-llama").max_context == 1792
+    qtbot.keyClick(box, Qt.Key.Key_Up)
+    assert box.text() == "Model's own (2,048)" and registry.get("tiny-llama").max_context is None
+    box.setValue(256)
+    qtbot.keyClick(box, Qt.Key.Key_Down)  # the least: stays, no wrap to the model's own
+    assert box.value() == 256
+
+
+def test_after_a_context_cap_the_details_show_whole_and_say_when_reloaded(
+    qapp: Any, qtbot: Any, registry: ModelRegistry, model_folder: Path
+) -> None:
+    import asyncio
+
+    loop = asyncio.new_event_loop()
+    reloads: list[asyncio.Future[bool]] = []
+
+    def reload_model(model_id: str) -> asyncio.Future[bool]:
+        reloads.append(loop.create_future())
+        return reloads[-1]
+
+    dialog = ModelManagerDialog(registry, is_loaded=lambda model_id: True, reload_model=reload_model)
+    qtbot.addWidget(dialog)
+    dialog.resize(dialog.width(), 360)  # shorter than the details: they scroll, they are not squeezed
+    dialog.show()
+    dialog.add_folder(model_folder)
+    dialog.context_length.setValue(1024)
+    dialog.context_length.editingFinished.emit()
+    qapp.processEvents()
+    assert dialog.reload_button.isVisible()
+    box = dialog.details_box
+    labels = [w for w in box.findChildren(QLabel) if w.isVisible()]
+    for label in labels:
+        if label.wordWrap() and label.text():
+            assert label.height() >= label.heightForWidth(label.width()), label.text()
+    reload_at = dialog.reload_button.geometry().translated(dialog.reload_button.parentWidget().mapTo(box, QPoint()))
+    for label in labels:
+        at = label.geometry().translated(label.parentWidget().mapTo(box, QPoint()))
+        assert not at.intersects(reload_at), label.text()
+
+    dialog.reload_button.click()
+    assert dialog.status_label.text() == "Reloading “tiny-llama”…"
+    reloads[-1].set_result(True)
+    loop.run_until_complete(asyncio.sleep(0))
+    assert dialog.status_label.text() == "Reloaded “tiny-llama”: its load choices apply now."
+    loop.close()

@@ -74,3 +74,32 @@ async def test_a_pane_set_remote_through_the_popover(loop: Any, make_window: Any
     popover.model_button.click()
     assert remote.remote is None and f"tiny @ {host}" not in view.summary_label.full_text()
     popover.close()
+
+
+@on_loop()
+async def test_a_refused_check_says_why_and_keeps_the_popover_whole(loop: Any, make_window: Any, server: Any) -> None:
+    window = make_window(panes=1)
+    pane = window.workspace.panes[0]
+    window.panes[pane.id].settings_button.click()
+    popover = window.popover
+    field_height = popover.temperature.height()
+    popover.remote_choice.setChecked(True)
+    popover.base_url.setText(server.base_url)
+    popover.remote_model.setText("tiny")
+
+    for key, words in ((None, "needs an API key"), ("wrong", "refused the API key given")):
+        popover.api_key.setText(key or "")
+        popover.model_button.click()
+        await wait_until(lambda: popover.model_button.isEnabled(), what="the server check")
+        message = popover.model_status.text()
+        assert words in message, message
+        # No curl placeholder, no doubled period.
+        assert "YOUR_KEY" not in message and ".." not in message
+        assert pane.remote is None
+        # The fields keep their height; the message wraps across the popover and shows whole.
+        assert popover.temperature.height() >= field_height
+        status = popover.model_status
+        assert status.width() >= popover.width() * 0.8
+        assert status.height() >= status.heightForWidth(status.width())
+        assert status.geometry().bottom() < popover.height()
+    popover.close()

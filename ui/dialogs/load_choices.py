@@ -11,12 +11,15 @@ estimate shows.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import shiboken6
+
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QComboBox, QFormLayout, QHBoxLayout, QLabel, QPushButton, QSpinBox, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QComboBox, QFormLayout, QHBoxLayout, QLabel, QPushButton, QSpinBox, QWidget
 
 from app.models.memory_estimate import MemoryEstimate
 from app.models.registry import QUANTIZE_CHOICES, ModelDetails, ModelEntry, ModelError
@@ -46,6 +49,42 @@ _QUANTIZE_MEANING = {
 }
 # The context spin box's value that stands for "the model's own context" (no cap).
 _OWN_CONTEXT = 0
+_CONTEXT_STEP = 256
+
+
+class ContextSpinBox(QSpinBox):
+    """The context length: "Model's own" stands for the largest value, so the
+    arrows treat it as the top of the range (↑ there does nothing, ↓ leaves it
+    for the next step below the trained context) and never wrap past it."""
+
+    def _trained(self) -> int:
+        return self.maximum()
+
+    def stepBy(self, steps: int) -> None:  # noqa: N802 (Qt's name)
+        trained = self._trained()
+        current = trained if self.value() == _OWN_CONTEXT else self.value()
+        if steps < 0 and current == trained:
+            # 8,192 -> 7,936: the step below, on the step's grid.
+            target = (trained - 1) // _CONTEXT_STEP * _CONTEXT_STEP + (steps + 1) * _CONTEXT_STEP
+        else:
+            target = current + steps * _CONTEXT_STEP
+        if target >= trained:
+            target = _OWN_CONTEXT
+        else:
+            target = max(target, min(_CONTEXT_STEP, trained))
+        self.setValue(target)
+        self.editingFinished.emit()
+
+    def stepEnabled(self) -> QSpinBox.StepEnabledFlag:  # noqa: N802 (Qt's name)
+        flags = QSpinBox.StepEnabledFlag.StepNone
+        if not self.isEnabled():
+            return flags
+        lowest = min(_CONTEXT_STEP, self._trained())
+        if self.value() == _OWN_CONTEXT or self.value() > lowest:
+            flags |= QSpinBox.StepEnabledFlag.StepDownEnabled
+        if self.value() != _OWN_CONTEXT:
+            flags |= QSpinBox.StepEnabledFlag.StepUpEnabled
+        return flags
 
 # estimate(details, quantize, max_context) -> the memory estimate, or why there is none
 Estimate = Callable[[ModelDetails, "str | None", "int | None"], "MemoryEstimate | EngineError"]
@@ -62,60 +101,71 @@ class LoadChoices:
         parent = dialog.details_box
         em = dialog.fontMetrics().averageCharWidth()
 
-        quantize_row = QWidget(parent)
-        quantize_layout = QVBoxLayout(quantize_row)
-        quantize_layout.setContentsMargins(0, 0, 0, 0)
-        choice_line = QHBoxLayout()
-        self.quantize_choice = QComboBox(quantize_row)
+        # Each note is a field of its own row: QFormLayout gives a wrapped label
+        # its full height only when it is the field itself, not nested in a row
+        # widget (there the last lines were cut after a change of text).
+        self._form = form
+        self.quantize_line = QWidget(parent)
+        choice_line = QHBoxLayout(self.quantize_line)
+        choice_line.setContentsMargins(0, 0, 0, 0)
+        self.quantize_choice = QComboBox(self.quantize_line)
         self.quantize_choice.setAccessibleName("Quantize at load")
         for label, value in QUANTIZE_ITEMS:
             self.quantize_choice.addItem(label, value)
         self.quantize_choice.activated.connect(self._on_quantize_chosen)
-        self.reload_button = QPushButton("Re&load now", quantize_row)
+        self.reload_button = QPushButton("Re&load now", parent)
         self.reload_button.setAutoDefault(False)
         self.reload_button.setToolTip("Load the model again with the new choices (its replies in progress stop)")
         self.reload_button.clicked.connect(self.reload_selected)
         self.reload_button.hide()
         choice_line.addWidget(self.quantize_choice)
-        choice_line.addWidget(self.reload_button)
         choice_line.addStretch(1)
-        quantize_layout.addLayout(choice_line)
-        self.quantize_note = _note(quantize_row, em)
-        quantize_layout.addWidget(self.quantize_note)
         quantize_label = QLabel("&Quantize at load:", parent)
         quantize_label.setBuddy(self.quantize_choice)
-        form.addRow(quantize_label, quantize_row)
+        form.addRow(quantize_label, self.quantize_line)
+        self.quantize_note = _note(parent, em)
+        # Says "Quantize at load:" when the choice row is hidden (a model stored quantized).
+        self.quantize_note_label = QLabel(parent)
+        form.addRow(self.quantize_note_label, self.quantize_note)
 
-        context_row = QWidget(parent)
-        context_layout = QVBoxLayout(context_row)
-        context_layout.setContentsMargins(0, 0, 0, 0)
-        self.context_length = QSpinBox(context_row)
+        context_line_widget = QWidget(parent)
+        context_line = QHBoxLayout(context_line_widget)
+        context_line.setContentsMargins(0, 0, 0, 0)
+        self.context_length = ContextSpinBox(context_line_widget)
         self.context_length.setAccessibleName("Context length")
         self.context_length.setSuffix(" tokens")
         self.context_length.setGroupSeparatorShown(True)
-        self.context_length.setSingleStep(256)
+        self.context_length.setSingleStep(_CONTEXT_STEP)
         self.context_length.setToolTip(
             "The most tokens a conversation with this model may hold. Less than the model's own context "
             "means a smaller KV cache, so less memory; it applies at the model's next load."
         )
         self.context_length.editingFinished.connect(self._on_context_chosen)
-        context_line = QHBoxLayout()
         context_line.addWidget(self.context_length)
         context_line.addStretch(1)
-        context_layout.addLayout(context_line)
-        self.context_note = _note(context_row, em)
-        context_layout.addWidget(self.context_note)
         context_label = QLabel("Conte&xt length:", parent)
         context_label.setBuddy(self.context_length)
-        form.addRow(context_label, context_row)
+        form.addRow(context_label, context_line_widget)
+        self.context_note = _note(parent, em)
+        form.addRow("", self.context_note)
+        # A row of its own under both choices: it applies either, and beside the
+        # quantize choice (hidden for a model stored quantized) it read as that row's label.
+        reload_row = QWidget(parent)
+        reload_line = QHBoxLayout(reload_row)
+        reload_line.setContentsMargins(0, 0, 0, 0)
+        reload_line.addWidget(self.reload_button)
+        reload_line.addStretch(1)
+        form.addRow("", reload_row)
 
     def tab_order(self) -> list[QWidget]:
-        return [self.quantize_choice, self.reload_button, self.context_length]
+        return [self.quantize_choice, self.context_length, self.reload_button]
 
     # -- showing ---------------------------------------------------------------------
 
     def show_unreadable(self) -> None:
         """The model's files cannot be read: nothing to choose."""
+        self._form.setRowVisible(self.quantize_line, False)
+        self.quantize_note_label.setText("Quantize at load:")
         self.quantize_choice.hide()
         self.reload_button.hide()
         self.quantize_note.setText("—")
@@ -135,6 +185,8 @@ class LoadChoices:
         formats of a model stored quantized already."""
         note = self.quantize_note
         cap = entry.max_context if entry is not None else None
+        self._form.setRowVisible(self.quantize_line, not details.quantized)
+        self.quantize_note_label.setText("Quantize at load:" if details.quantized else "")
         if details.quantized:
             self.quantize_choice.hide()
             parts = [f"Not needed: stored as {' + '.join(details.stored.formats)} blocks, which stay "
@@ -243,18 +295,38 @@ class LoadChoices:
             return
         self.pending_reload.discard(model_id)
         try:
-            dialog.reload_model(model_id)
+            task = dialog.reload_model(model_id)
         except Exception as exc:  # the window reports load failures itself; this is a bug
             log.exception("reloading %s", model_id)
             dialog.show_error("The model was not reloaded", str(exc))
             return
-        dialog.status_label.setText(f"Reloading “{dialog.registry.get(model_id).name}”…")
+        name = dialog.registry.get(model_id).name
+        if isinstance(task, asyncio.Future):
+            dialog.status_label.setText(f"Reloading “{name}”…")
+            task.add_done_callback(lambda done: self._reloaded(done, name))
+        else:
+            dialog.status_label.setText(f"“{name}” reloads with the new choices.")
+        dialog.show_selected()
+
+    def _reloaded(self, task: asyncio.Future[object], name: str) -> None:
+        """The reload ended: say how, in place of "Reloading…"."""
+        dialog = self._dialog
+        if not shiboken6.isValid(dialog):  # closed meanwhile
+            return
+        if task.cancelled() or task.exception() is not None or task.result() is False:
+            # The window says why in its own banner.
+            text = f"“{name}” was not reloaded; the window says why."
+        else:
+            text = f"Reloaded “{name}”: its load choices apply now."
+        dialog.status_label.setText(text)
         dialog.show_selected()
 
 
 def _note(parent: QWidget, em: int) -> QLabel:
     note = QLabel(parent)
     note.setWordWrap(True)
+    # A row the form makes taller than the text leaves its space below, not above.
+    note.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop)
     note.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
     note.setMinimumWidth(em * 30)
     return note

@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
     QDialog,
     QFileDialog,
     QFormLayout,
+    QFrame,
     QGroupBox,
     QHBoxLayout,
     QHeaderView,
@@ -37,6 +38,7 @@ from PySide6.QtWidgets import (
     QMessageBox,
     QProgressBar,
     QPushButton,
+    QScrollArea,
     QSplitter,
     QTreeWidget,
     QTreeWidgetItem,
@@ -57,6 +59,7 @@ from engine.errors import EngineError
 from engine.progress import LoadProgress, display_path, format_bytes
 from ui.dialogs.get_models import GetModelsDialog
 from ui.dialogs.load_choices import LoadChoices
+from ui.widgets.file_folders import remember, start_folder
 from ui.theme import muted_text_color
 
 log = logging.getLogger(__name__)
@@ -105,11 +108,12 @@ class ModelManagerDialog(QDialog):
         *,
         is_in_use: Callable[[str], bool] | None = None,
         is_loaded: Callable[[str], bool] | None = None,
-        reload_model: Callable[[str], None] | None = None,
+        reload_model: Callable[[str], object] | None = None,
     ) -> None:
         """`is_loaded(id)`: whether the model's engine is loaded now (a changed
         quantize choice then applies at its next load); `reload_model(id)`
-        reloads it, offered after such a change."""
+        reloads it, offered after such a change; when it returns an asyncio
+        task, the dialog says when that reload has finished."""
         super().__init__(parent)
         self.setWindowTitle("Models")
         self.registry = registry
@@ -184,7 +188,14 @@ class ModelManagerDialog(QDialog):
 
         splitter = QSplitter(Qt.Orientation.Horizontal, self)
         splitter.addWidget(self.model_list)
-        splitter.addWidget(self.details_box)
+        # Scrolled rather than squeezed: in a short window the wrapped notes
+        # would otherwise be cut and the rows drawn over each other.
+        self.details_scroll = QScrollArea(self)
+        self.details_scroll.setWidgetResizable(True)
+        self.details_scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.details_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.details_scroll.setWidget(self.details_box)
+        splitter.addWidget(self.details_scroll)
         splitter.setChildrenCollapsible(False)
         splitter.setStretchFactor(0, 5)
         splitter.setStretchFactor(1, 6)
@@ -253,7 +264,8 @@ class ModelManagerDialog(QDialog):
         self._poll.timeout.connect(self._poll_import)
 
         em = self.fontMetrics().averageCharWidth()
-        self.resize(em * 128, self.fontMetrics().lineSpacing() * 30)
+        # Tall enough for the details with both notes; they scroll in a shorter window.
+        self.resize(em * 128, self.fontMetrics().lineSpacing() * 38)
         self.refresh()
         self.model_list.setFocus()
 
@@ -356,9 +368,9 @@ class ModelManagerDialog(QDialog):
         """Whether the dialog can reload a model (the window gave it a way to)."""
         return self._reload_model is not None
 
-    def reload_model(self, model_id: str) -> None:
+    def reload_model(self, model_id: str) -> object:
         assert self._reload_model is not None
-        self._reload_model(model_id)
+        return self._reload_model(model_id)
 
     def _set_location(self, text: str) -> None:
         self.location_field.setText(text)
@@ -404,6 +416,8 @@ class ModelManagerDialog(QDialog):
         dialog = QFileDialog(self, "Add a model folder")
         dialog.setFileMode(QFileDialog.FileMode.Directory)
         dialog.setOption(QFileDialog.Option.ShowDirsOnly, True)
+        dialog.setDirectory(str(start_folder()))
+        dialog.fileSelected.connect(remember)
         dialog.fileSelected.connect(self.add_folder)
         self.file_dialog = dialog
         dialog.open()
@@ -426,6 +440,8 @@ class ModelManagerDialog(QDialog):
         dialog = QFileDialog(self, "Import a GGUF file")
         dialog.setFileMode(QFileDialog.FileMode.ExistingFile)
         dialog.setNameFilters(["GGUF models (*.gguf)", "All files (*)"])
+        dialog.setDirectory(str(start_folder()))
+        dialog.fileSelected.connect(remember)
         dialog.fileSelected.connect(self.import_gguf)
         self.file_dialog = dialog
         dialog.open()

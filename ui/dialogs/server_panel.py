@@ -101,7 +101,9 @@ class ServerPanel(QDialog):
         self.key_edit = QLineEdit(self)
         self.key_edit.setReadOnly(True)
         self.key_edit.setEchoMode(QLineEdit.EchoMode.Password)
-        self.key_edit.setPlaceholderText("no key: any program on this computer may call it")
+        # Short: beside four buttons a sentence was cut; the hint below says what no key means.
+        self.key_edit.setPlaceholderText("no key")
+        self.key_edit.setMinimumWidth(self.key_edit.fontMetrics().horizontalAdvance("no key") * 3)
         key_row.addWidget(self.key_edit, 1)
         self.show_key_button = QPushButton("Show", self)
         self.show_key_button.setCheckable(True)
@@ -125,8 +127,9 @@ class ServerPanel(QDialog):
         self.copy_url_button.clicked.connect(lambda: self._copy(self.url_edit.text(), "The URL"))
         url_row.addWidget(self.copy_url_button)
         form.addRow(self._buddy("&URL:", self.url_edit), url_row)
-        hint = QLabel("An OpenAI client takes the URL as its base URL and the key as its API key "
-                      "(any text when there is no key).", self)
+        hint = QLabel("Without a key, any program on this computer may call the server. An OpenAI client "
+                      "takes the URL as its base URL and the key as its API key (any text when there is no key).",
+                      self)
         hint.setWordWrap(True)
         hint.setEnabled(False)  # a note, in the theme's muted colour
         form.addRow("", hint)

@@ -191,12 +191,15 @@ class PaneSettingsPopover(QFrame):
         self.model_status = QLabel(self)
         self.model_status.setWordWrap(True)
         self.model_status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.model_status.hide()
         self.model_button = QPushButton("Check && apply model", self)
         self.model_button.setAutoDefault(False)
         self.model_button.clicked.connect(self.apply_model)
-        row.addWidget(self.model_status, 1)
+        row.addStretch(1)
         row.addWidget(self.model_button)
         layout.addLayout(row)
+        # A row of its own: beside the button, a long error wrapped into a narrow column.
+        layout.addWidget(self.model_status)
         self.remote_choice.toggled.connect(self.remote_fields.setEnabled)
         (self.remote_choice if remote is not None else self.local_choice).setChecked(True)
         self.remote_fields.setEnabled(remote is not None)
@@ -247,6 +250,25 @@ class PaneSettingsPopover(QFrame):
     def _show_model_result(self, text: str, *, error: bool) -> None:
         self.model_status.setText(text)
         self.model_status.setProperty("error", error)  # the theme's stylesheet may colour it
+        self.model_status.show()
+        self.refit()
+
+    def refit(self) -> None:
+        """Grow to hold a new message at the popover's width, on screen.
+
+        A popup does not resize itself when its content grows: without this a
+        long message squeezes the fields above it to half their height."""
+        if not self.isVisible():
+            return
+        width = max(self.width(), self.minimumWidth())
+        layout = self.layout()
+        height = layout.heightForWidth(width) if layout.hasHeightForWidth() else layout.sizeHint().height()
+        screen = self.screen().availableGeometry() if self.screen() is not None else None
+        top = self.y()
+        if screen is not None:
+            height = min(height, screen.height())
+            top = max(screen.top(), min(top, screen.bottom() + 1 - height))
+        self.setGeometry(self.x(), top, width, height)
 
     def values(self) -> SamplingParams:
         """The pane's parameters with the form's values; raises InvalidSamplingParams."""

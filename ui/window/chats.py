@@ -16,6 +16,7 @@ from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QAbstractItemView, QDockWidget, QWidget
 
 from ui.widgets.sidebar import ChatSidebar
+from ui.window.chat_files import count_tokens_of_text
 
 if TYPE_CHECKING:
     from app.store.chat_store import ChatStore, ConversationSummary
@@ -113,6 +114,9 @@ class ChatsLink:
         except Exception as exc:
             window.report_error("Opening the chat", exc)
             return
+        view = window.panes.get(pane.id)
+        if view is not None:  # a chat imported earlier is saved without kept ids
+            count_tokens_of_text(window, view)
         window.set_current_pane(pane.id)
         window.apply_engine_state(window.workspace.pane_model_state(pane.id), None, None)
 

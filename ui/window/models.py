@@ -102,11 +102,12 @@ class WindowModels:
         else:
             self.load(model_id)
 
-    def load(self, model_id: str) -> None:
+    def load(self, model_id: str) -> asyncio.Task[bool]:
+        """Start loading; the task (True when loaded) lets the model manager say when it is done."""
         window = self._window
         window.load_requested = True
         window.crash_recovery = False
-        window.run_task(self.load_if_it_fits(model_id), f"Loading {self.name(model_id)}")
+        return window.run_task(self.load_if_it_fits(model_id), f"Loading {self.name(model_id)}")
 
     def load_pane_model(self, pane_id: int) -> None:
         view = self._window.panes.get(pane_id)
