@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TextIO
 
 from app.arena.export import leaderboard_csv, leaderboard_json, votes_json
-from app.arena.leaderboard import LeaderboardRow, leaderboard
+from app.arena.leaderboard import LeaderboardRow, count_text, interval_text, leaderboard
 from app.arena.votes import ArenaVote
 from app.errors import AppError
 from app.files import terminal_json, terminal_text, write_text_atomically
@@ -142,7 +142,7 @@ def _list(votes: list[ArenaVote], args: argparse.Namespace, out: TextIO) -> None
         print("No arena votes yet: vote in the window (View > Arena).", file=out)
         return
     out.write(leaderboard_table(rows))
-    print(f"\n{len(votes)} votes; 95% intervals from {args.rounds} bootstrap rounds (seed {args.seed}).", file=out)
+    print(f"\n{count_text(len(votes), 'vote')}; 95% intervals from {args.rounds} bootstrap rounds (seed {args.seed}).", file=out)
 
 
 def leaderboard_table(rows: list[LeaderboardRow]) -> str:
@@ -150,7 +150,7 @@ def leaderboard_table(rows: list[LeaderboardRow]) -> str:
     headers = ("RANK", "RATING", "95% INTERVAL", "VOTES", "W/L/T/BAD", "WIN RATE", "MODEL AND SETTINGS")
     # A model's name comes from its publisher: it must not steer the terminal.
     table = [
-        (str(rank), f"{row.rating:.0f}", f"{row.low:.0f} to {row.high:.0f}", str(row.votes),
+        (str(rank), f"{row.rating:.0f}", interval_text(row, " to "), str(row.votes),
          f"{row.wins}/{row.losses}/{row.ties}/{row.both_bad}", f"{row.win_rate:.0%}", terminal_text(row.name))
         for rank, row in enumerate(rows, 1)
     ]

@@ -97,4 +97,21 @@ def leaderboard(votes: Sequence[ArenaVote], *, rounds: int = 1000, seed: int = 0
     return rows
 
 
-__all__ = ["LeaderboardRow", "leaderboard"]
+def interval_text(row: LeaderboardRow, between: str = " – ") -> str:
+    """The 95% interval as a person reads it, or that there is none yet.
+
+    Resampling one vote (or votes that all say the same) gives the same
+    votes every round, so the interval shrinks to the rating itself: a
+    certainty the votes do not have.
+    """
+    if round(row.high) <= round(row.low):
+        return "needs more votes"
+    return f"{row.low:.0f}{between}{row.high:.0f}"
+
+
+def count_text(count: int, noun: str) -> str:
+    """"1 vote", "2 votes"."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+__all__ = ["LeaderboardRow", "count_text", "interval_text", "leaderboard"]

@@ -36,7 +36,7 @@ import math
 import os
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,6 +51,7 @@ from app.store.records import (
 )
 from app.errors import AppError
 from app.files import BadJSONError, UnreadableFileError, check_unicode, parse_json, read_regular_file
+from engine.formats.default_model import DEFAULT_MODEL_NAME
 
 if TYPE_CHECKING:
     from engine.params import SamplingParams
@@ -462,12 +463,26 @@ def _state_note(message: Message) -> str:
     return ""
 
 
-def _message_markdown(message: Message, heading: str = "###", version: str = "") -> str:
+ModelName = Callable[[str], str]
+
+
+def model_display_name(model_id: str) -> str:
+    """What a model is called where no registry is at hand: "default" is the
+    bundled model's alias, a path is its folder's name."""
+    if model_id == "default":
+        return DEFAULT_MODEL_NAME
+    return Path(model_id).name if os.path.isabs(model_id) else model_id
+
+
+def _message_markdown(
+    message: Message, heading: str = "###", version: str = "", model_name: ModelName = model_display_name,
+    system_note: str = "",
+) -> str:
     if message.role == "notice":
         return _quote(f"**Note:** {message.text}")
     name = {"user": "User", "assistant": "Assistant", "system": "System"}[message.role]
     if message.role == "assistant" and message.model_id:
-        name += f" ({message.model_id})"
+        name += f" ({model_name(message.model_id)})"
     if message.versions is not None and not version:
         version = f"version {message.versions.current + 1} of {message.versions.count}, shown"
     if version:
@@ -475,13 +490,13 @@ def _message_markdown(message: Message, heading: str = "###", version: str = "")
     parts = [f"{heading} {name}", "", message.text if message.text else "*(no text)*"]
     # Each reply's own sampling: the conversation's may have changed since it was written.
     sampling = f"Sampling: {_params_line(message.params)}" if message.params is not None else ""
-    footer = [x for x in (stats_line(message), _state_note(message), sampling) if x]
+    footer = [x for x in (stats_line(message), _state_note(message), sampling, system_note) if x]
     if footer:
         parts += ["", *(f"*{x}*" for x in footer)]
     return "\n".join(parts)
 
 
-def _other_versions_markdown(message: Message, heading: str) -> list[str]:
+def _other_versions_markdown(message: Message, heading: str, model_name: ModelName = model_display_name) -> list[str]:
     """The versions of a reply the conversation does not show, each marked, after the one it shows."""
     versions = message.versions
     if versions is None:
@@ -493,8 +508,8 @@ def _other_versions_markdown(message: Message, heading: str) -> list[str]:
         label = f"version {n + 1} of {versions.count}"
         lines += ["", f"{heading} Other version: {label}", "", _quote(f"In reply to: {version.user_text}")]
         for i, other in enumerate(version.messages):
-            lines += ["", _message_markdown(other, heading + "#", label if i == 0 else "")]
-            lines += _other_versions_markdown(other, heading + "#")
+            lines += ["", _message_markdown(other, heading + "#", label if i == 0 else "", model_name)]
+            lines += _other_versions_markdown(other, heading + "#", model_name)
     return lines
 
 
@@ -513,25 +528,46 @@ def _params_line(p: SamplingParams) -> str:
     return ", ".join(items)
 
 
-def to_markdown(conversation: Conversation) -> str:
-    """The conversation as a Markdown document: title, model, system prompt, then every message."""
+def _system_prompt_text(prompt: str) -> str:
+    return f"System prompt: “{' '.join(prompt.split())}”" if prompt else "No system prompt"
+
+
+def to_markdown(conversation: Conversation, model_name: ModelName = model_display_name) -> str:
+    """The conversation as a Markdown document: title, model, system prompt, then every message.
+
+    `model_name` names a model id as people know it (the window passes its registry's names).
+    """
     lines = [
         f"# {_display_title(conversation)}",
         "",
-        f"- Model: {conversation.model_id}",
+        f"- Model: {model_name(conversation.model_id)}",
         f"- Started: {_when(conversation.created_at)}",
         f"- Sampling of new replies: {_params_line(conversation.params)}",
     ]
-    if conversation.system_prompt:
-        lines += ["", "## System prompt", "", _quote(conversation.system_prompt)]
+    current = conversation.system_prompt
+    # A system prompt set midway did not apply to the replies before it: each reply then says which it had.
+    known = [m.system_prompt for m in conversation.messages if m.role == "assistant" and m.system_prompt is not None]
+    changed = any(prompt != current for prompt in known)
+    if changed:
+        lines += ["", "## System prompt of new replies", "", _quote(current) if current else "*(none)*"]
+    elif current:
+        lines += ["", "## System prompt", "", _quote(current)]
     lines += ["", "## Messages"]
+    previous: str | None = None
     for message in conversation.messages:
-        lines += ["", _message_markdown(message)]
-        lines += _other_versions_markdown(message, "####")
+        note = ""
+        if changed and message.role == "assistant" and message.system_prompt is not None:
+            if message.system_prompt != previous:
+                note = _system_prompt_text(message.system_prompt)
+            previous = message.system_prompt
+        lines += ["", _message_markdown(message, model_name=model_name, system_note=note)]
+        lines += _other_versions_markdown(message, "####", model_name)
     return "\n".join(lines) + "\n"
 
 
-def comparison_markdown(panes: Sequence[tuple[str, Conversation]]) -> str:
+def comparison_markdown(
+    panes: Sequence[tuple[str, Conversation]], model_name: ModelName = model_display_name
+) -> str:
     """Several panes' conversations as one document, their replies to the same prompts next to each other.
 
     One section per prompt (the n-th user message of each pane): the prompt
@@ -543,7 +579,7 @@ def comparison_markdown(panes: Sequence[tuple[str, Conversation]]) -> str:
     for name, conv in panes:
         system = " ".join(conv.system_prompt.split()) or "(none)"
         sampling = _params_line(conv.params)
-        lines.append(f"| {_cell(name)} | {_cell(conv.model_id)} | {_cell(sampling)} | {_cell(system)} |")
+        lines.append(f"| {_cell(name)} | {_cell(model_name(conv.model_id))} | {_cell(sampling)} | {_cell(system)} |")
     turns = [_turns(conv) for _, conv in panes]
     count = max((len(t) for t in turns), default=0)
     for n in range(count):
@@ -564,7 +600,7 @@ def comparison_markdown(panes: Sequence[tuple[str, Conversation]]) -> str:
             if not replies:
                 lines += ["", "*(no reply)*"]
             for reply in replies:
-                lines += ["", _message_markdown(reply, "####")]
+                lines += ["", _message_markdown(reply, "####", model_name=model_name)]
     return "\n".join(lines) + "\n"
 
 

@@ -74,6 +74,21 @@ def check_arena_panes(panes: Sequence[Pane]) -> None:
         )
 
 
+def check_arena_start(panes: Sequence[Pane]) -> None:
+    """ArenaError unless the panes can begin an arena: the checks of every
+    turn, and one history shared by all (none, or the same messages)."""
+    check_arena_panes(panes)
+    histories = {tuple((m.role, m.text) for m in pane.conversation.messages) for pane in panes}
+    if len(histories) > 1:
+        # Each pane's own history would show which pane is which, and the
+        # replies would answer different conversations: no fair vote.
+        raise ArenaError(
+            "These panes hold different conversations, which would show who is who and have each "
+            "reply answer a different history. Use New arena at the top of the Chats sidebar "
+            "instead: it gives every pane a new chat, each keeping its model and settings."
+        )
+
+
 def vote_choices(count: int) -> list[VoteChoice]:
     """The choices of a vote between `count` sides, in key order."""
     labels = arena_labels(count)
@@ -95,7 +110,7 @@ class Arena:
 
     @classmethod
     def over(cls, panes: Sequence[Pane], **kwargs: object) -> Arena:
-        check_arena_panes(panes)
+        check_arena_start(panes)
         return cls([pane.id for pane in panes], **kwargs)  # type: ignore[arg-type]
 
     def choices(self) -> list[VoteChoice]:

@@ -11,7 +11,12 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from app.workspace.pane import Pane
 
 # A word (letters, digits, underscore) or one other visible character, then the whitespace after it.
 _TOKEN = re.compile(r"(\w+|[^\w\s])(\s*)")
@@ -63,3 +68,28 @@ def word_diff(a: str, b: str) -> tuple[list[Segment], list[Segment]]:
         changed_a[block.a : block.a + block.size] = [False] * block.size
         changed_b[block.b : block.b + block.size] = [False] * block.size
     return _segments(lead_a, tokens_a, changed_a), _segments(lead_b, tokens_b, changed_b)
+
+
+def default_pair(panes: Sequence[Pane]) -> tuple[int, int] | None:
+    """The two panes (ids, in `panes`' order) to compare first: the leftmost
+    pair that answered the same last question, else the leftmost two with a
+    reply, else the leftmost two; None with fewer than two panes.
+
+    Replies to different questions differ everywhere, so such a diff says nothing.
+    """
+    if len(panes) < 2:
+        return None
+    asked: list[tuple[int, str | None]] = []
+    for pane in panes:
+        conversation = pane.conversation
+        turn = conversation.last_turn()
+        question = conversation.messages[turn[0]].text if turn is not None and turn[1] is not None else None
+        asked.append((pane.id, question))
+    for i, (first, question) in enumerate(asked):
+        for second, other in asked[i + 1:]:
+            if question is not None and question == other:
+                return first, second
+    answered = [pid for pid, question in asked if question is not None]
+    if len(answered) >= 2:
+        return answered[0], answered[1]
+    return panes[0].id, panes[1].id

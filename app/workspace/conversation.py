@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Literal
 from engine.params import SamplingParams
 
 from app.errors import MessageIndexError
+from app.workspace.titles import fork_title, labelled_title, without_label
 
 if TYPE_CHECKING:
     from engine.core.sequence import RequestOutput, StreamEvent
@@ -106,6 +107,9 @@ class Message:
     # A reply that regenerate or edit-and-resend made again: every version of
     # its turn (None on any other message, and on the versions set aside).
     versions: ReplyVersions | None = None
+    # assistant: the system prompt it was written under, so an export can say
+    # where one set midway took effect. Not stored: None once restored.
+    system_prompt: str | None = field(default=None, compare=False)
 
     @property
     def to_model(self) -> bool:
@@ -176,6 +180,7 @@ class Conversation:
             raise ValueError(f"context_policy must be one of {CONTEXT_POLICIES}, not {context_policy!r}")
         self.id = uuid.uuid4().hex  # the chat store's key; a fork is a new conversation
         self.title = title  # "" until the first message names it (auto_title)
+        self.label = ""  # the pane's name, which leads the title (app.workspace.titles)
         self.created_at = time.time()
         self.system_prompt = system_prompt
         self.params = params if params is not None else SamplingParams()
@@ -242,6 +247,11 @@ class Conversation:
         last = max((m for m in conversation._kept_after if m is not None), default=0)
         conversation._kept_ids = conversation._kept_ids[:last]
         return conversation
+
+    def set_label(self, label: str) -> None:
+        """Lead the title with the pane's name `label` ("" for none), in place of the previous one."""
+        self.title = labelled_title(self.title, self.label, label)
+        self.label = label
 
     @staticmethod
     def auto_title(text: str, limit: int = 60) -> str:
@@ -394,8 +404,9 @@ class Conversation:
         self._require_idle()
         if not self.title:
             first = next((m.text for m in self.messages if m.role == "user"), "")
-            self.title = self.auto_title(first)
-        message = Message("assistant", "", state="streaming", model_id=self.model_id, params=self.params)
+            self.title = labelled_title(self.auto_title(first), "", self.label)
+        message = Message("assistant", "", state="streaming", model_id=self.model_id, params=self.params,
+                          system_prompt=self.system_prompt)
         self.messages.append(message)
         self._kept_after.append(None)
         self._turn = _Turn(len(self.messages) - 1, list(prompt_ids))
@@ -587,6 +598,7 @@ class Conversation:
             state="stopped" if reply.state == "stopped" else "complete",
             model_id=reply.model_id,
             params=reply.params,
+            system_prompt=reply.system_prompt,
         )
         self.messages.append(message)
         self._kept_after.append(None)
@@ -598,7 +610,7 @@ class Conversation:
             self._kept_ids = list(prompt_ids) + message.token_ids
             self._kept_after[index] = len(self._kept_ids)
         if not self.title:
-            self.title = self.auto_title(self.messages[turn[0]].text)
+            self.title = labelled_title(self.auto_title(self.messages[turn[0]].text), "", self.label)
         return index
 
     def fork(self, upto_message_index: int) -> Conversation:
@@ -620,7 +632,7 @@ class Conversation:
             model_id=self.model_id,
             context_limit=self.context_limit,
             context_policy=self.context_policy,
-            title=f"{self.title} (fork)" if self.title else "",
+            title=fork_title(without_label(self.title, self.label)),
         )
         other.messages = copy.deepcopy(self.messages[:length])
         other._kept_after = list(self._kept_after[:length])

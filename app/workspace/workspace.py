@@ -56,6 +56,7 @@ from app.workspace.context_policy import PromptPlan, drop_notice, plan_prompt
 from app.workspace.conversation import CONTEXT_POLICIES, Conversation
 from app.workspace.model_slots import SHUTDOWN_TIMEOUT_S, ModelSlot, ModelSlots
 from app.workspace.pane import Pane, is_automatic_title
+from app.workspace.pane_defaults import new_pane_params
 from app.workspace.replies import Replies, ReplyBatch, Turn, start_batches
 
 if TYPE_CHECKING:
@@ -202,14 +203,25 @@ class Workspace:
     def add_pane(self, after: int | None = None) -> Pane:
         """A new pane with the settings' default parameters and system prompt,
         right of pane `after` (at the end when None)."""
+        params, source = self._default_params(self.settings.model)
         conversation = Conversation(
             system_prompt=self.settings.default_system_prompt,
-            params=self.settings.default_params,
+            params=params,
             model_id=self.settings.model,
             context_limit=self._context_limit(self.settings.model),
             context_policy=self.settings.context_policy,  # type: ignore[arg-type]
         )
-        return self._insert(conversation, after)
+        return self._insert(conversation, after, params_source=source)
+
+    def _default_params(self, model_id: str) -> tuple[SamplingParams, str]:
+        engine = self._models.engine_for(model_id)
+        return new_pane_params(self.settings.default_params, engine.recommended_sampling if engine else {})
+
+    def _renew_default_params(self, pane: Pane) -> None:
+        """A pane whose settings the user has not changed takes its model's
+        (a model loaded after the pane opened, or another model chosen)."""
+        if pane.params_source and pane.remote is None:
+            pane.conversation.params, pane.params_source = self._default_params(pane.conversation.model_id)
 
     def open_conversation(
         self, conversation: Conversation, after: int | None = None, *, title: str | None = None,
@@ -236,6 +248,7 @@ class Workspace:
             self._close_backend(old, None)
         pane.conversation.model_id = model_id
         pane.conversation.context_limit = self._context_limit(model_id)
+        self._renew_default_params(pane)
         self._emit(PaneUpdated(pane_id))
 
     def set_context_policy(self, pane_id: int, policy: str) -> None:
@@ -255,11 +268,13 @@ class Workspace:
         return self._insert(source.conversation.fork(message_index), pane_id, title=title, remote=remote)
 
     def _insert(
-        self, conversation: Conversation, after: int | None, title: str | None = None, remote: RemoteBackend | None = None
+        self, conversation: Conversation, after: int | None, title: str | None = None,
+        remote: RemoteBackend | None = None, params_source: str = "",
     ) -> Pane:
         pane_id = next(self._pane_ids)
         name = title if title and not is_automatic_title(title) else ""
-        pane = Pane(pane_id, name, conversation, remote)
+        pane = Pane(pane_id, name, conversation, remote, params_source=params_source)
+        conversation.set_label(name)
         index = len(self.panes) if after is None else self.index_of(after) + 1
         self.panes.insert(index, pane)
         renumbered = self._renumber()
@@ -314,7 +329,9 @@ class Workspace:
         """The pane's sampling parameters from its next reply on."""
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, not {type(params).__name__}")
-        self.pane(pane_id).conversation.params = params
+        pane = self.pane(pane_id)
+        if params != pane.conversation.params:  # applying the popover unchanged is no choice
+            pane.conversation.params, pane.params_source = params, ""
         self._emit(PaneUpdated(pane_id))
 
     def set_system_prompt(self, pane_id: int, text: str) -> None:
@@ -325,7 +342,10 @@ class Workspace:
     def set_title(self, pane_id: int, title: str) -> None:
         """The pane's own name; "" gives it back its number ("Pane 2")."""
         name = title.strip()
-        self.pane(pane_id).name = "" if is_automatic_title(name) else name
+        pane = self.pane(pane_id)
+        pane.name = "" if is_automatic_title(name) else name
+        # The sidebar tells chats apart by their titles: a pane's name leads its chat's.
+        pane.conversation.set_label(pane.name)
         self._emit(PaneUpdated(pane_id))
 
     async def set_remote(self, pane_id: int, base_url: str, model: str, api_key: str | None = None) -> RemoteBackend:
@@ -582,6 +602,7 @@ class Workspace:
         for pane in self.panes:
             if pane.remote is None and pane.conversation.model_id == model_id:
                 pane.conversation.context_limit = slot.engine.max_context
+                self._renew_default_params(pane)
         self._models.announce(slot)
         for pane in self.panes:
             self._emit(PaneUpdated(pane.id))

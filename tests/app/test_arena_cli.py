@@ -20,6 +20,7 @@ from app.arena.export import CSV_COLUMNS, VOTES_FORMAT
 from app.arena.leaderboard import leaderboard
 from app.arena.votes import ArenaSide, ArenaVote
 from app.store.chat_store import SCHEMA_VERSION, ChatStore
+from engine.params import SamplingParams
 
 REPO = Path(__file__).resolve().parents[2]
 SMOL = "SmolLM2-135M-Instruct"
@@ -44,7 +45,7 @@ def saved(data_dir: Path) -> list[ArenaVote]:
         cold_label, hot_label = ("B", "A") if t % 2 else ("A", "B")  # which side shows first changes
         cold, hot = side(cold_label, 0.2, f"Reply {t}"), side(hot_label, 1.2, f"Rèply ☕ {t}")
         votes.append(ArenaVote(f"Prompt {t}", (cold, hot), "win", hot_label if t == 4 else cold_label, 1000.0 + t))
-    other = side("C", 0.7, "Hello", model='=HYPERLINK("http://x")\x1b[2J')  # a formula, a terminal's escape
+    other = side("C", SamplingParams().temperature, "Hello", model='=HYPERLINK("http://x")\x1b[2J')  # a formula, a terminal's escape
     votes.append(ArenaVote("Three", (side("A", 0.2, "x"), side("B", 1.2, "y"), other), "tie", None, 1010.0))
     votes.append(ArenaVote("Bad", (side("A", 1.2, "no"), other), "both_bad", None, 1011.0))
     with ChatStore.open(data_dir / "chats.sqlite3") as store:
@@ -199,3 +200,15 @@ def test_the_tandem_command_without_qt_or_torch(saved: list[ArenaVote], data_dir
                               capture_output=True, text=True, timeout=60)
     assert exported.returncode == 0, exported.stderr
     assert [i["rank"] for i in json.loads(exported.stdout)] == [1, 2, 3]
+
+
+def test_one_vote_has_no_interval_yet_and_counts_in_the_singular(data_dir: Path) -> None:
+    vote = ArenaVote("Only", (side("A", 0.2, "x"), side("B", 1.2, "y")), "win", "A", 1000.0)
+    with ChatStore.open(data_dir / "chats.sqlite3") as store:
+        store.add_arena_vote(vote)
+    code, out, err = run("list", "--rounds", "50")
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    # Resampling one vote always draws that vote: a zero-width interval would claim a certainty it lacks.
+    assert "needs more votes" in lines[1] and "needs more votes" in lines[2]
+    assert lines[-1] == "1 vote; 95% intervals from 50 bootstrap rounds (seed 0)."

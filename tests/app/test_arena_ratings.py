@@ -173,7 +173,7 @@ def test_bootstrap_intervals_are_as_wide_as_the_fisher_information_says() -> Non
 
 
 def arena_side(label: str, model: str, reply: str = "") -> ArenaSide:
-    return ArenaSide(label, model, {"temperature": 0.8}, reply)
+    return ArenaSide(label, model, {"temperature": 1.1}, reply)
 
 
 def test_a_vote_of_several_sides_is_battles_between_pairs() -> None:
@@ -205,7 +205,7 @@ def test_the_leaderboard_counts_and_rates_every_contender() -> None:
             winner = rng.choices(sides, weights)[0]
             votes.append(ArenaVote("p", sides, "win", winner.label, float(t)))
     rows = leaderboard(votes, rounds=200, seed=1)
-    assert [r.name for r in rows] == [f"{m} · temperature 0.8" for m in ("strong", "middle", "weak")]
+    assert [r.name for r in rows] == [f"{m} · temperature 1.1" for m in ("strong", "middle", "weak")]
     battles = [b for v in votes for b in vote_battles(v)]
     reference = reference_ratings(battles)
     by_model = {r.name.split(" ")[0]: r for r in rows}

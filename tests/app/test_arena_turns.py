@@ -119,3 +119,20 @@ def test_the_vote_keys_are_one_scheme_for_every_size() -> None:
     assert [(c.outcome, c.winner) for c in three[2:]] == [("win", "C"), ("tie", None), ("both_bad", None)]
     assert three[-1].text == "All are bad"
     assert [c.key for c in vote_choices(7)][-1] == "9"
+
+
+def test_an_arena_starts_only_from_one_shared_history() -> None:
+    from app.workspace.conversation import Conversation
+
+    workspace = Workspace(Settings())
+    first, second = workspace.add_pane(), workspace.add_pane()
+    Arena.over(workspace.panes)  # two new chats: nothing to give away
+    first.conversation.append_user("What is the capital of France?")
+    with pytest.raises(ArenaError, match="different conversations.*New arena"):
+        Arena.over(workspace.panes)
+    # The same history in every pane (as "Use in all panes" leaves it) shows nothing of who is who.
+    second.conversation.append_user("What is the capital of France?")
+    Arena.over(workspace.panes)
+    third = workspace.open_conversation(Conversation())
+    with pytest.raises(ArenaError, match="different conversations"):
+        Arena.over([first, third])

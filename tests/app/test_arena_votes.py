@@ -77,9 +77,9 @@ def test_the_order_is_a_permutation_drawn_anew_each_turn() -> None:
 
 
 def test_a_contender_is_a_model_and_the_settings_that_differ_from_the_defaults() -> None:
-    warm = side("A", 0.8, "x")
-    assert contender_name(warm) == f"{SMOL} · temperature 0.8"
-    assert contender_name(side("A", 0.7, "x")) == SMOL  # every setting at its default
+    warm = side("A", 1.1, "x")
+    assert contender_name(warm) == f"{SMOL} · temperature 1.1"
+    assert contender_name(side("A", SamplingParams().temperature, "x")) == SMOL  # every setting at its default
     named = ArenaSide("B", SMOL, contender_settings(
         SamplingParams(temperature=1, top_p=0.9, seed=3, stop=("###",)), "Answer like a pirate would, always."), "y")
     assert contender_name(named) == (
@@ -89,17 +89,17 @@ def test_a_contender_is_a_model_and_the_settings_that_differ_from_the_defaults()
     # The same contender however the settings were spelled out: the label, reply and pane do not count,
     # a default left out or given, 1 or 1.0 for a float setting, a tuple or a list.
     same = [
-        ArenaSide("C", SMOL, {"temperature": 0.8}, "other reply", 9),
-        ArenaSide("D", SMOL, {"temperature": 0.8, "top_p": 1, "stop": (), "system_prompt": ""}, "z"),
+        ArenaSide("C", SMOL, {"temperature": 1.1}, "other reply", 9),
+        ArenaSide("D", SMOL, {"temperature": 1.1, "top_p": SamplingParams().top_p, "stop": (), "system_prompt": ""}, "z"),
     ]
     assert {contender_key(s) for s in same} == {contender_key(warm)}
     assert contender_key(ArenaSide("A", SMOL, {"temperature": 1}, "")) == contender_key(
         ArenaSide("A", SMOL, {"temperature": 1.0}, ""))
     different = [side("A", 0.2, "x"), ArenaSide("A", "other-model", warm.settings, "x"),
-                 side("A", 0.8, "x", system_prompt="Be brief."), side("A", 0.8, "x", seed=1)]
+                 side("A", 1.1, "x", system_prompt="Be brief."), side("A", 1.1, "x", seed=1)]
     keys = {contender_key(s) for s in (warm, *different)}
     assert len(keys) == 5
-    assert contender_key(warm) == f'["{SMOL}",{{"temperature":0.8}}]'
+    assert contender_key(warm) == f'["{SMOL}",{{"temperature":1.1}}]'
 
 
 def test_a_vote_that_cannot_be_right_is_refused() -> None:

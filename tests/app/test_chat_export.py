@@ -11,6 +11,7 @@ import pytest
 from app.store.export import ChatImportError, comparison_markdown, from_json, to_json, to_markdown
 from app.workspace.conversation import Conversation, Message
 from app.errors import AppError
+from engine.params import SamplingParams
 from tests.app.fixtures.chats import assert_same, build_conversation, stats
 
 
@@ -41,8 +42,10 @@ def test_json_fields() -> None:
     assert set(conv) == {
         "id", "title", "created_at", "system_prompt", "model_id", "context_policy", "params", "messages"
     }
-    assert conv["params"] == {"max_tokens": 32, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0,
-                              "repetition_penalty": 1.0, "seed": None, "stop": [], "ignore_eos": False}
+    defaults = SamplingParams()  # the fixture sets only these two
+    assert conv["params"] == {"max_tokens": 32, "temperature": 0.0, "top_k": defaults.top_k, "top_p": defaults.top_p,
+                              "min_p": defaults.min_p, "repetition_penalty": 1.0, "seed": None, "stop": [],
+                              "ignore_eos": False}
     reply = conv["messages"][1]
     assert reply["params"]["stop"] == ["\n\nUser:", "###"] and reply["params"]["seed"] == 42
     assert set(reply) == {"role", "text", "state", "created_at", "model_id", "params", "stats", "error"}
@@ -68,7 +71,8 @@ def test_markdown() -> None:
     )
     md = to_markdown(conv)
     assert md.startswith("# Kyoto in autumn — ünïcode 100%_plan\n")
-    assert "- Model: default" in md and "- Started: 1970-01-01 00:00 UTC" in md
+    # "default" is an alias: the file names the bundled model it stands for.
+    assert "- Model: SmolLM2-135M-Instruct" in md and "- Started: 1970-01-01 00:00 UTC" in md
     assert "## System prompt\n\n> Be brief.\n> Answer in English." in md
     assert "### User\n\nPlan a day in Kyoto" in md
     assert (
@@ -76,7 +80,7 @@ def test_markdown() -> None:
         "*4 tokens · 12.5 tok/s · first token after 0.25 s · 0 of 5 prompt tokens cached*"
     ) in md
     assert "> **Note:** 1 older message was dropped to fit the context." in md
-    assert "### Assistant (default)\n\nGion, for\n\n*2 tokens" in md and "*Stopped before the end.*" in md
+    assert "### Assistant (SmolLM2-135M-Instruct)\n\nGion, for\n\n*2 tokens" in md and "*Stopped before the end.*" in md
     assert "*Failed: The model ran out of memory.*" in md
     assert (
         "Half a sen\n\n*3 tokens · 12.5 tok/s · first token after 0.25 s · 16 of 20 prompt tokens cached*\n"
@@ -87,6 +91,38 @@ def test_markdown() -> None:
         for s in ("Plan a day", "Temples and tea", "older message", "And in the evening", "Gion", "Thanks!")
     ]
     assert order == sorted(order)
+
+
+def test_markdown_names_models_as_the_window_does() -> None:
+    conv = build_conversation()
+    names = {"default": "SmolLM2 (bundled)", "qwen-folder": "Qwen2.5 0.5B"}
+    md = to_markdown(conv, lambda model_id: names.get(model_id, model_id))
+    assert "- Model: SmolLM2 (bundled)" in md
+    assert "### Assistant (Qwen2.5 0.5B)" in md and "(qwen-folder)" not in md
+    assert "(default)" not in md and "Model: default" not in md
+
+
+def test_markdown_says_where_a_system_prompt_set_midway_took_effect() -> None:
+    conv = Conversation()
+    for question, answer, system in (("Hi", "Hello!", ""), ("Again", "Hey.", ""), ("And now?", "Yes.", "Be brief.")):
+        conv.system_prompt = system
+        conv.append_user(question)
+        conv.begin_reply([1, 2])
+        conv.add_reply_delta(answer, [3])
+        conv.end_reply("complete")
+    md = to_markdown(conv)
+    # Not a header over the whole chat: it names the prompt for new replies and marks each reply that changed it.
+    assert "## System prompt\n" not in md
+    assert "## System prompt of new replies\n\n> Be brief." in md
+    assert md.count("*No system prompt*") == 1 and md.count("*System prompt: “Be brief.”*") == 1
+    assert md.index("Hello!") < md.index("*No system prompt*") < md.index("Hey.") < md.index("Yes.") < md.index(
+        "*System prompt: “Be brief.”*")
+    # A chat whose replies all had the prompt it has now keeps the one header.
+    steady = Conversation(system_prompt="Be brief.")
+    steady.append_user("Hi")
+    steady.begin_reply([1])
+    steady.end_reply("complete")
+    assert "## System prompt\n\n> Be brief." in to_markdown(steady) and "System prompt:" not in to_markdown(steady)
 
 
 def test_markdown_of_an_untitled_conversation() -> None:
@@ -158,7 +194,7 @@ def test_import_ignores_unknown_fields_and_restores_streaming_as_interrupted() -
 
 
 def _pane(prompts_and_replies: list[tuple[str, str]], model: str) -> Conversation:
-    conv = Conversation(model_id=model, title=model)
+    conv = Conversation(model_id=model, title=model, params=SamplingParams(temperature=0.7, top_p=1.0, top_k=0, min_p=0.0))
     for prompt, reply in prompts_and_replies:
         conv.append_user(prompt)
         conv.begin_reply(conv.kept_ids + [1])

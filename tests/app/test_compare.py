@@ -55,3 +55,27 @@ def test_empty_sides() -> None:
     left, right = word_diff("", "new words")
     assert left == []
     assert right == [Segment("new words", True)]
+
+
+def test_the_default_pair_is_two_panes_that_answered_the_same_question() -> None:
+    from app.settings import Settings
+    from app.workspace.compare import default_pair
+    from app.workspace.workspace import Workspace
+
+    workspace = Workspace(Settings())
+    panes = [workspace.add_pane() for _ in range(4)]
+    assert default_pair(panes[:1]) is None
+    assert default_pair(panes) == (panes[0].id, panes[1].id)  # nothing asked yet: the leftmost two
+
+    def ask(index: int, text: str, reply: bool = True) -> None:
+        conversation = panes[index].conversation
+        conversation.append_user(text)
+        if reply:
+            conversation.begin_reply([1, 2])
+
+    ask(0, "What is the capital of France?")
+    ask(1, "Tell me a joke", reply=False)
+    ask(2, "Name a colour")
+    assert default_pair(panes) == (panes[0].id, panes[2].id)  # the two with a reply
+    ask(3, "Name a colour")
+    assert default_pair(panes) == (panes[2].id, panes[3].id)  # asked the same thing

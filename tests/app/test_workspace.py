@@ -5,6 +5,7 @@ reused across turns and forks. No widgets: the events are what a window sees."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -33,9 +34,12 @@ from app.events import (
     ReplyFinished,
 )
 from app.settings import Settings
+from app.workspace.pane_defaults import PREFERENCES_DEFAULTS
 from app.workspace.workspace import Workspace
 from engine import Engine, SamplingParams
 from engine.model.quant import cpu_kernel_available
+from engine.params import MODEL_RECOMMENDED, TANDEM_DEFAULTS
+from tests.conftest import write_tiny_model
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
 # A stream that does not end by itself: the random model may emit an end token at any point.
@@ -776,3 +780,82 @@ def test_panes_are_numbered_left_to_right_and_numbers_come_back() -> None:
 
     reopened = workspace.open_conversation(Conversation(), after=fourth.id, title="Pane 7")
     assert reopened.title == "Pane 2" and reopened.name == ""
+
+
+def test_forks_sweeps_and_named_panes_lead_their_chats_titles_with_what_tells_them_apart() -> None:
+    from app.workspace.conversation import Conversation
+    from app.workspace.sweep import open_sweep
+
+    question = "What is the capital of France, and why did it become the capital?"
+    workspace = Workspace(Settings())
+    source = workspace.open_conversation(Conversation(title=question))
+    source.conversation.append_user(question)
+    # The sidebar cuts a title at its end, so the mark that tells a fork apart comes first.
+    fork = workspace.fork_pane(source.id, 0)
+    assert fork.conversation.title == f"Fork: {question}"
+    assert workspace.fork_pane(fork.id, 0).conversation.title == f"Fork 2: {question}"
+    # Each sweep pane's name (its value) leads its chat's title, without the fork mark.
+    swept = open_sweep(workspace, source.id, "seed", [1, 2])
+    assert [p.conversation.title for p in swept] == [f"seed 1 · {question}", f"seed 2 · {question}"]
+    # Renaming a pane replaces the name in its chat's title; clearing it takes it out.
+    workspace.set_title(source.id, "  baseline ")
+    assert source.conversation.title == f"baseline · {question}"
+    workspace.set_title(source.id, "control")
+    assert source.conversation.title == f"control · {question}"
+    named_fork = workspace.fork_pane(source.id, 0)
+    assert named_fork.conversation.title == f"control fork · {question}"
+    workspace.set_title(source.id, "")
+    assert source.conversation.title == question
+    # A pane named before its first message gets the name once the message titles the chat.
+    early = workspace.add_pane()
+    workspace.set_title(early.id, "seed 9")
+    assert early.conversation.title == ""
+    early.conversation.append_user("Hello there")
+    early.conversation.begin_reply([1, 2, 3])
+    assert early.conversation.title == "seed 9 · Hello there"
+    # A saved layout reopened under its pane's name does not stack the name twice.
+    saved = Conversation(title=f"seed 1 · {question}")
+    assert workspace.open_conversation(saved, title="seed 1").conversation.title == f"seed 1 · {question}"
+
+
+# -- where a new pane's sampling settings come from ----------------------------------------
+
+
+def test_a_model_without_a_recommendation_gives_new_panes_tandems_defaults(tiny_engine: Engine) -> None:
+    workspace = Workspace(Settings(), engine=tiny_engine)
+    pane = workspace.add_pane()
+    assert pane.conversation.params == SamplingParams()
+    assert pane.params_source == TANDEM_DEFAULTS
+    # A field changed in Preferences is the user's choice, and the pane says whose settings they are.
+    workspace.settings.default_params = SamplingParams(temperature=0.3)
+    second = workspace.add_pane()
+    assert second.conversation.params == SamplingParams(temperature=0.3)
+    assert second.params_source == PREFERENCES_DEFAULTS
+
+
+def test_a_models_generation_config_gives_new_panes_its_settings(
+    default_model_dir: Path, tmp_path: Path
+) -> None:
+    folder = write_tiny_model(default_model_dir, tmp_path / "m")
+    config = json.loads((folder / "generation_config.json").read_text(encoding="utf-8"))
+    config.update(temperature=0.6, top_p=0.9, top_k=20, min_p=0.0)
+    (folder / "generation_config.json").write_text(json.dumps(config), encoding="utf-8")
+    settings = tiny_settings(folder, default_params=SamplingParams(max_tokens=64, repetition_penalty=1.2))
+    workspace = Workspace(settings)
+    early = workspace.add_pane()  # opened before the model is loaded, as at start-up
+    edited = workspace.add_pane()
+    workspace.set_params(edited.id, SamplingParams(temperature=1.5))
+    assert early.params_source == PREFERENCES_DEFAULTS
+
+    async def main() -> None:
+        assert await workspace.load_model(str(folder))
+
+    asyncio.run(main())
+    recommended = SamplingParams(temperature=0.6, top_p=0.9, top_k=20, min_p=0.0, max_tokens=64, repetition_penalty=1.2)
+    assert early.conversation.params == recommended
+    assert early.params_source == MODEL_RECOMMENDED
+    later = workspace.add_pane()
+    assert later.conversation.params == recommended and later.params_source == MODEL_RECOMMENDED
+    # Settings the user set in the pane stay theirs.
+    assert edited.conversation.params == SamplingParams(temperature=1.5) and edited.params_source == ""
+    asyncio.run(workspace.shutdown())

@@ -14,6 +14,9 @@ from PySide6.QtTest import QTest
 
 from tests.ui.conftest import on_loop, wait_until
 
+# Top-k, top-p and min-p off: a hot draw from the random model needs its whole range to differ by seed.
+WIDE = dict(top_k=0, top_p=1.0, min_p=0.0)
+
 
 def _make(tmp_path: Path, engine_dir: Path, panes: int = 2, **params: Any) -> Any:
     from app.settings import Settings
@@ -23,7 +26,7 @@ def _make(tmp_path: Path, engine_dir: Path, panes: int = 2, **params: Any) -> An
     from ui.window.main_window import MainWindow
 
     settings = Settings(model=str(engine_dir), device="cpu", dtype="float32", threads=1, kv_cache_mb=16)
-    settings.default_params = SamplingParams(**{"temperature": 0.0, "max_tokens": 8, "ignore_eos": True, **params})
+    settings.default_params = SamplingParams(**{"temperature": 0.0, "max_tokens": 8, "ignore_eos": True, **WIDE, **params})
     workspace = Workspace(settings)
     session = ChatSession.open(tmp_path / "chats.sqlite3")
     session.restore(workspace, default_panes=panes)
@@ -172,7 +175,7 @@ async def test_use_in_all_panes_sweep_and_turn_summary(loop: Any, tiny_model_dir
         first, second = ws.panes
         from engine.params import SamplingParams
 
-        ws.set_params(second.id, SamplingParams(temperature=5.0, seed=2, max_tokens=8, ignore_eos=True))
+        ws.set_params(second.id, SamplingParams(temperature=5.0, seed=2, max_tokens=8, ignore_eos=True, top_k=0, top_p=1.0, min_p=0.0))
         await _send(window, "Name a colour.")
         reply = first.conversation.messages[1]
 
@@ -257,3 +260,28 @@ async def test_the_arena_bar_fits_a_small_window(loop: Any, make_window: Any) ->
     window.resize(1600, 800)
     await asyncio.sleep(0.3)
     assert bar.buttons[0].text() == "1  A is better"
+
+
+@on_loop()
+async def test_the_arena_refuses_panes_with_different_histories_and_compare_picks_the_same_question(
+    loop: Any, make_window: Any
+) -> None:
+    window = make_window(panes=3)
+    first, second, third = (window.panes[pid].pane for pid in window.pane_order())
+    for pane, question in ((first, "Tell me a joke"), (second, "Name a colour"), (third, "Name a colour")):
+        await (await window.workspace.send(question, targets=[pane.id])).wait()
+    await wait_until(lambda: _idle(window), what="the replies")
+    window.flush_panes()
+    # Each pane's own history would give away which is which: the arena says so and stays off.
+    window.menu_actions["arena"].trigger()
+    assert not window.arena.on and not window.menu_actions["arena"].isChecked()
+    assert "different conversations" in window.composer.notice.text()
+    assert "New arena" in window.composer.notice.text()
+    assert not window.arena_bar.isVisible()
+    # Compare opens on the two panes that were asked the same thing, not on the leftmost pair.
+    window.menu_actions["compare"].trigger()
+    assert window.compare_bar.chosen() == (second.id, third.id)
+    window.menu_actions["compare"].trigger()
+    # New arena gives every pane a new chat: nothing to give away, and the arena starts.
+    window.arena.new_arena()
+    assert window.arena.on and all(not window.panes[pid].pane.conversation.messages for pid in window.pane_order())

@@ -78,10 +78,12 @@ class LeaderboardDialog(QDialog):
         self.resize(em * 120, self.fontMetrics().lineSpacing() * 24)
 
     def show_rows(self, rows: Sequence[LeaderboardRow], votes: Sequence[ArenaVote], problems: Sequence[str] = ()) -> None:
+        from app.arena.leaderboard import count_text, interval_text
+
         self.rows, self.votes = list(rows), list(votes)
         self.table.setRowCount(len(rows))
         for r, row in enumerate(rows):
-            cells = [str(r + 1), row.name, f"{row.rating:.0f}", f"{row.low:.0f} – {row.high:.0f}", str(row.votes),
+            cells = [str(r + 1), row.name, f"{row.rating:.0f}", interval_text(row), str(row.votes),
                      f"{row.win_rate:.0%}", str(row.wins), str(row.losses), str(row.ties + row.both_bad)]
             for c, text in enumerate(cells):
                 item = QTableWidgetItem(text)
@@ -94,7 +96,7 @@ class LeaderboardDialog(QDialog):
         if not votes:
             text = "No votes yet. Start the arena (View → Arena), send a message and vote on the replies."
         else:
-            text = f"{len(votes)} vote{'s' if len(votes) != 1 else ''} on {len(rows)} models and settings."
+            text = f"{count_text(len(votes), 'vote')} on {len(rows)} models and settings."
         if problems:
             text += f" {len(problems)} stored vote(s) could not be read and are left out: {problems[0]}"
         self.status.setText(text)

@@ -58,7 +58,7 @@ DTYPE_LABELS = {
     "float16": "float16",
 }
 POLICY_LABELS = {
-    "stop": "Stop and say so",
+    "stop": "Stop with a message",
     "drop_oldest": "Drop the oldest turns (the system prompt stays)",
 }
 THEME_LABELS = {"system": "Follow the system", "light": "Light", "dark": "Dark"}

@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (
 
 
 class EditMessageDialog(QDialog):
-    """Edit a user message; accepting replaces it and everything after it."""
+    """Edit a user message; accepting asks for a new reply, and what followed stays as a version."""
 
     def __init__(self, text: str, later_messages: int, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -36,8 +36,10 @@ class EditMessageDialog(QDialog):
         layout.addWidget(self.editor)
         if later_messages:
             noun = "message" if later_messages == 1 else "messages"
+            # Nothing is lost: the conversation keeps what followed as a version of this turn.
             warning = QLabel(
-                f"Resending replaces the {later_messages} later {noun} in this pane with a new reply.", self
+                f"Resending asks for a new reply. The {later_messages} later {noun} stay as the earlier "
+                "version of this turn: switch back to them with ‹ › on the new reply.", self
             )
         else:
             warning = QLabel("Resending replaces this message and asks for a new reply.", self)
@@ -45,7 +47,7 @@ class EditMessageDialog(QDialog):
         self.warning_label = warning
         layout.addWidget(warning)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Cancel, self)
-        self.resend_button = buttons.addButton("Replace and resend", QDialogButtonBox.ButtonRole.AcceptRole)
+        self.resend_button = buttons.addButton("&Resend", QDialogButtonBox.ButtonRole.AcceptRole)
         self.resend_button.setDefault(True)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)

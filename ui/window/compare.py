@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app.errors import AppError
-from app.workspace.compare import word_diff
+from app.workspace.compare import default_pair, word_diff
 from app.workspace.turn_summary import figures_of, last_turn
 
 if TYPE_CHECKING:
@@ -39,6 +39,9 @@ class CompareReplies:
             return
         if len(window.panes) < 2:
             window.statusBar().showMessage("Comparing needs two panes; add one with Ctrl+T.", 8000)
+        pair = default_pair([window.panes[pid].pane for pid in window.pane_order()])
+        if pair is not None:
+            window.compare_bar.set_chosen(*pair)
         self.refresh()
 
     def _clear(self) -> None:
