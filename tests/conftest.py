@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -135,3 +136,31 @@ def pytest_configure(config: pytest.Config) -> None:
         from engine.runner.threads import available_cores
 
         torch.set_num_threads(max(1, available_cores() // int(workers)))
+    _read_each_gguf_file_once_in_transformers()
+
+
+def _read_each_gguf_file_once_in_transformers() -> None:
+    """transformers' GGUF loading (the reference several tests compare the
+    importer with) parses a file twice, once for the config and once for the
+    weights, and builds the same tensor-name table once per tensor: 28 s of
+    a 30 s load of the default model. Both are pure functions of their
+    arguments, so they are cached here, for the tests' process only; what
+    transformers computes from them is unchanged."""
+    import functools
+
+    try:
+        import gguf
+    except ImportError:
+        return
+    reader = gguf.GGUFReader
+
+    @functools.lru_cache(maxsize=4)
+    def _reader(path: str, mode: str, stamp: tuple[int, int]) -> Any:
+        return reader(path, mode)
+
+    def cached_reader(path: Any, mode: str = "r") -> Any:
+        stat = os.stat(path)
+        return _reader(os.fspath(path), mode, (stat.st_mtime_ns, stat.st_size))
+
+    gguf.GGUFReader = cached_reader  # type: ignore[assignment]
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=16)(gguf.get_tensor_name_map)

@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.files import write_text_atomically
+from ui.widgets.file_folders import remember, start_path
 
 if TYPE_CHECKING:
     from app.arena.leaderboard import LeaderboardRow
@@ -121,9 +122,10 @@ class LeaderboardDialog(QDialog):
         if path is None:
             from PySide6.QtWidgets import QFileDialog
 
-            path, _ = QFileDialog.getSaveFileName(self, "Export", str(Path.home() / name), filters)
+            path, _ = QFileDialog.getSaveFileName(self, "Export", start_path(name), filters)
             if not path:
                 return None
+            remember(path)
         try:
             written = write_text_atomically(path, self.export_text(kind))
         except Exception as exc:

@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
 
 from app.files import write_text_atomically
 from app.workspace.turn_summary import ReplyFigures, header, rows, to_csv, to_markdown
+from ui.widgets.file_folders import remember, start_path
 
 
 class TurnSummaryDialog(QDialog):
@@ -102,9 +103,10 @@ class TurnSummaryDialog(QDialog):
             from PySide6.QtWidgets import QFileDialog
 
             name, filters = ("turn-summary.md", "Markdown (*.md)") if fmt == "md" else ("turn-summary.csv", "CSV (*.csv)")
-            path, _ = QFileDialog.getSaveFileName(self, "Export turn summary", str(Path.home() / name), filters)
+            path, _ = QFileDialog.getSaveFileName(self, "Export turn summary", start_path(name), filters)
             if not path:
                 return None
+            remember(path)
         try:
             written = write_text_atomically(path, self.markdown() if fmt == "md" else to_csv(self.figures))
         except Exception as exc:

@@ -524,7 +524,9 @@ class ChatSidebar(QWidget):
         if self.list.count():
             self.list.setCurrentRow(min(max(row, 0), self.list.count() - 1))
         if len(self._undo_ids) == 1:
-            text = f"Deleted “{title or UNTITLED}”."
+            shown = title or UNTITLED
+            # A title that ends a sentence itself ("Hi.") needs no second period.
+            text = f"Deleted “{shown}”" + ("" if shown.endswith((".", "…", "?", "!")) else ".")
         else:
             text = f"Deleted {len(self._undo_ids)} chats."
         self._show_bar(text, undo=True)

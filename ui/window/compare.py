@@ -5,12 +5,12 @@ highlighted in place; and the turn summary of the last broadcast turn
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app.errors import AppError
 from app.workspace.compare import default_pair, word_diff
 from app.workspace.turn_summary import figures_of, last_turn
+from ui.widgets.file_folders import remember, start_path
 
 if TYPE_CHECKING:
     from ui.dialogs.turn_summary import TurnSummaryDialog
@@ -132,10 +132,11 @@ class CompareReplies:
         if path is None:
             from PySide6.QtWidgets import QFileDialog
 
-            path, _ = QFileDialog.getSaveFileName(window, "Export turn summary", str(Path.home() / "turn-summary.md"),
+            path, _ = QFileDialog.getSaveFileName(window, "Export turn summary", start_path("turn-summary.md"),
                                                   "Markdown (*.md);;CSV (*.csv)")
             if not path:
                 return
+            remember(path)
         message, replies = turn
 
         async def export() -> None:
