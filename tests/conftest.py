@@ -164,3 +164,27 @@ def _read_each_gguf_file_once_in_transformers() -> None:
 
     gguf.GGUFReader = cached_reader  # type: ignore[assignment]
     gguf.get_tensor_name_map = functools.lru_cache(maxsize=16)(gguf.get_tensor_name_map)
+
+
+# The files that take longest (tens of seconds each, from --durations), run
+# first: the README's two workers take whole files (--dist loadfile), and a
+# long file left for last keeps one worker busy while the other idles.
+LONGEST_FILES = (
+    "engine/test_cli.py", "engine/test_deterministic.py", "engine/test_lifecycle.py", "engine/test_engine.py",
+    "engine/test_gguf_import.py", "engine/test_server.py", "engine/test_hostile_models.py",
+    "ui/test_crash_recovery.py", "ui/test_smoke.py", "engine/test_config.py",
+    "engine/test_default_path_reference.py", "engine/test_memory_footprint.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+
+    def order(item: pytest.Item) -> int:
+        try:
+            relative = Path(str(item.path)).relative_to(REPO_ROOT / "tests").as_posix()
+        except ValueError:  # a test file given from elsewhere
+            return len(LONGEST_FILES)
+        return rank.get(relative, len(LONGEST_FILES))
+
+    items.sort(key=order)  # stable: each file's tests keep their order
