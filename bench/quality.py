@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import PROMPTS, chat, machine, machine_line
 from engine.formats.default_model import resolve_model
 from engine.formats.loader import load_model, quantized_formats
-from engine.model.llama import LlamaModel
+from engine.model.decoder import DecoderModel
 from engine.runner.cpu import ModelRunner
 from engine.core.scheduler import ScheduledChunk, ScheduleResult
 from engine.model.tokenizer import Tokenizer
@@ -39,7 +39,7 @@ PAGE_SIZE = 16
 CHUNK = 256  # prefill chunk: bounds the logits held at once to CHUNK x vocab
 
 
-def _runner(model: LlamaModel, tokens: int) -> ModelRunner:
+def _runner(model: DecoderModel, tokens: int) -> ModelRunner:
     return ModelRunner(model, model.new_kv_cache(-(-tokens // PAGE_SIZE) + 1, PAGE_SIZE))
 
 
@@ -50,7 +50,7 @@ def _step(runner: ModelRunner, seq: SimpleNamespace, start: int, count: int, dec
     return runner.model.logits(hidden)
 
 
-def perplexity(model: LlamaModel, ids: list[int]) -> float:
+def perplexity(model: DecoderModel, ids: list[int]) -> float:
     runner = _runner(model, len(ids))
     seq = SimpleNamespace(token_ids=ids, pages=list(range(-(-len(ids) // PAGE_SIZE))), sampler=None)
     nll = 0.0
@@ -62,7 +62,7 @@ def perplexity(model: LlamaModel, ids: list[int]) -> float:
     return math.exp(nll / (len(ids) - 1))
 
 
-def greedy(model: LlamaModel, prompt: list[int], new_tokens: int) -> list[int]:
+def greedy(model: DecoderModel, prompt: list[int], new_tokens: int) -> list[int]:
     ids = list(prompt)
     runner = _runner(model, len(ids) + new_tokens)
     seq = SimpleNamespace(token_ids=ids, pages=list(range(-(-(len(ids) + new_tokens) // PAGE_SIZE))), sampler=None)

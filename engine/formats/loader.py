@@ -1,4 +1,4 @@
-"""Load a Hugging Face checkpoint folder into an engine.model.llama.LlamaModel.
+"""Load a Hugging Face checkpoint folder into an engine.model.decoder.DecoderModel.
 
 Only safetensors are read: pickle checkpoints (.bin/.pt) can run arbitrary
 code when loaded, so a folder that has nothing else is refused.
@@ -50,14 +50,15 @@ from engine.formats.weight_names import (  # the rules the app checks folders by
     EMBEDDING_NAME,
     IGNORED_WEIGHT_SUFFIX,
     LM_HEAD_NAME,
-    QUANTIZED_LAYER_WEIGHTS,
     expected_weights,
     is_model_weight,
+    quantized_layer_weights,
 )
 from engine.model.config import ModelConfig, check_layer_indices, hf_layer_indices, read_config_json
+from engine.model.families import family_named
 from engine.config import QUANTIZE_MODES, QUANTIZED_COMPUTE
 from engine.model.linear import Linear
-from engine.model.llama import LayerWeights, LlamaModel, Product
+from engine.model.decoder import LayerWeights, DecoderModel, Product
 from engine.progress import LoadReporter, ProgressCallback, as_reporter
 from engine.model.quant import (
     FOLDER_FORMAT_VERSION,
@@ -210,7 +211,7 @@ def load_model(
     cancel: threading.Event | None = None,
     quantized: str = "auto",
     quantize: str | None = None,
-) -> LlamaModel:
+) -> DecoderModel:
     """Load a checkpoint folder. "weights" progress counts tensors read and
     then layers placed on the device; setting `cancel` stops between two of
     those steps with LoadCancelled. `quantized` says how block-quantized
@@ -236,9 +237,10 @@ def load_model(
 
     files = weight_files(folder)
     total = count_tensors(files) + config.num_hidden_layers + 1
-    detail = (
-        f"Loading the weights of {folder.name} onto {dev.type} as "
-        f"{str(dt).removeprefix('torch.')}"
+    detail = f"Reading the weights onto {dev.type}, kept as " + (
+        f"{'+'.join(sorted(set(formats.values())))} for the quantized kernels" if compute == "kernel"
+        else str(dt).removeprefix("torch.") + (f", dequantized from {'+'.join(sorted(set(formats.values())))}"
+                                                if formats else "")
     )
     done = 0
     reporter.report("weights", done, total, detail)
@@ -291,9 +293,6 @@ def load_model(
             return weight.dequantize(dt).to(dev)
         return weight
 
-    def take_optional(name: str, present: bool) -> torch.Tensor | None:
-        return take(name) if present else None
-
     def product(
         weights: Sequence[torch.Tensor | QuantizedTensor], biases: Sequence[torch.Tensor] | None = None
     ) -> Product:
@@ -323,42 +322,43 @@ def load_model(
         return ConcatLinear(parts)
 
     c = config
+    names = family_named(c.family).layer
+
+    def take_norm(name: str) -> torch.Tensor:
+        """A norm's multiplier: Gemma's `1 + w` is stored as w (Hugging Face)."""
+        weight = take(name)
+        return weight + c.norm_offset if c.norm_offset else weight
+
+    def parts(fused: str | None, *separate: str | None) -> list[str]:
+        return [fused] if fused is not None else [name for name in separate if name is not None]
+
+    qkv_parts = parts(names.qkv, names.q, names.k, names.v)
+    gate_up_parts = parts(names.gate_up, names.gate, names.up)
     layers = []
     for i in range(c.num_hidden_layers):
         p = f"model.layers.{i}."
-        attn, mlp = p + "self_attn.", p + "mlp."
-        qkv = [
-            take_weight(attn + "q_proj.weight"),
-            take_weight(attn + "k_proj.weight"),
-            take_weight(attn + "v_proj.weight"),
-        ]
-        qkv_bias = None
-        if c.qkv_bias:
-            qkv_bias = [
-                take(attn + "q_proj.bias"),
-                take(attn + "k_proj.bias"),
-                take(attn + "v_proj.bias"),
-            ]
-        gate_up = [
-            take_weight(mlp + "gate_proj.weight"),
-            take_weight(mlp + "up_proj.weight"),
-        ]
-        gate_up_bias = None
-        if c.mlp_bias:
-            gate_up_bias = [take(mlp + "gate_proj.bias"), take(mlp + "up_proj.bias")]
-        o_bias = take_optional(attn + "o_proj.bias", c.o_bias)
-        down_bias = take_optional(mlp + "down_proj.bias", c.mlp_bias)
+
+        def weights(modules: list[str]) -> list[torch.Tensor | QuantizedTensor]:
+            return [take_weight(f"{p}{module}.weight") for module in modules]
+
+        def biases(modules: list[str], present: bool) -> list[torch.Tensor] | None:
+            return [take(f"{p}{module}.bias") for module in modules] if present else None
+
+        def optional_norm(module: str | None) -> torch.Tensor | None:
+            return None if module is None else take_norm(f"{p}{module}.weight")
+
         layers.append(
             LayerWeights(
-                input_norm=take(p + "input_layernorm.weight"),
-                qkv=product(qkv, qkv_bias),
-                o=product([take_weight(attn + "o_proj.weight")], None if o_bias is None else [o_bias]),
-                post_norm=take(p + "post_attention_layernorm.weight"),
-                gate_up=product(gate_up, gate_up_bias),
-                down=product(
-                    [take_weight(mlp + "down_proj.weight")],
-                    None if down_bias is None else [down_bias],
-                ),
+                input_norm=take_norm(f"{p}{names.attn_norm}.weight"),
+                qkv=product(weights(qkv_parts), biases(qkv_parts, c.qkv_bias)),
+                o=product(weights([names.o]), biases([names.o], c.o_bias)),
+                post_norm=take_norm(f"{p}{names.ffn_norm}.weight"),
+                gate_up=product(weights(gate_up_parts), biases(gate_up_parts, c.mlp_bias)),
+                down=product(weights([names.down]), biases([names.down], c.mlp_bias)),
+                q_norm=optional_norm(names.q_norm),
+                k_norm=optional_norm(names.k_norm),
+                attn_out_norm=optional_norm(names.attn_out_norm),
+                ffn_out_norm=optional_norm(names.ffn_out_norm),
             )
         )
         done += 1
@@ -368,7 +368,7 @@ def load_model(
         embed = _as_float(embed, dt, dev)
     elif isinstance(embed, QuantizedTensor):
         embed = _on_device(embed, dev)
-    norm = take("model.norm.weight")
+    norm = take_norm("model.norm.weight")
     head_stored = "lm_head.weight" in tensors or "lm_head.weight.qdata" in tensors
     if head_stored and not c.tie_word_embeddings:
         lm_head = product([take_weight(LM_HEAD_NAME)])
@@ -388,14 +388,14 @@ def load_model(
         raise ModelLoadError(
             f"{folder}: unexpected weights {', '.join(leftovers[:5])}"
             + (" ..." if len(leftovers) > 5 else "")
-            + " (is this really a Llama-family model?)"
+            + f" (is this really a {c.family_title} model?)"
         )
-    model = LlamaModel(config, embed, layers, norm, lm_head, dtype=dt)
+    model = DecoderModel(config, embed, layers, norm, lm_head, dtype=dt)
     reporter.report("weights", total, total, detail)
     return model
 
 
-def describe_weights(model: LlamaModel, stored: dict[str, str] | None = None) -> str:
+def describe_weights(model: DecoderModel, stored: dict[str, str] | None = None) -> str:
     """How the model's matrices are held, for stats and logs: "q4_1+q8_0
     (kernel)" when they run quantized (float matrices beside them named by
     dtype), else the dtype, with the formats they were dequantized from
@@ -502,7 +502,9 @@ def quantized_copy(
 
     config = ModelConfig.from_folder(source)
     raw_config = read_config_json(source)
-    layers = {f"model.layers.{i}.{name}" for i in range(config.num_hidden_layers) for name in QUANTIZED_LAYER_WEIGHTS}
+    layers = {
+        f"model.layers.{i}.{name}" for i in range(config.num_hidden_layers) for name in quantized_layer_weights(config)
+    }
     total = count_tensors(files)
     detail = f"Quantizing {source.name} to {mode}; this happens once"
     reporter.report("import", 0, total, detail)

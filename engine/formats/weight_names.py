@@ -1,5 +1,6 @@
-"""The weights a Llama-family checkpoint holds, by name and shape: the
-loader's rules, without torch.
+"""The weights a checkpoint of any family Tandem runs holds, by name and
+shape (each family's layer names: engine/model/families): the loader's
+rules, without torch.
 
 engine/formats/loader.py refuses a folder whose tensors differ from
 `expected_weights`; app/models/checks.py checks a folder by the same rules
@@ -13,16 +14,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from engine.model.families import family_named
+
 if TYPE_CHECKING:
     from engine.model.config import ModelConfig
 
 EMBEDDING_NAME = "model.embed_tokens.weight"
 LM_HEAD_NAME = "lm_head.weight"
-# The layers' matrices, the ones a quantized copy stores in blocks (engine/formats/loader.py quantized_copy).
-QUANTIZED_LAYER_WEIGHTS = (
-    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
-)
 # Rotary inverse-frequency buffers saved by old exports carry no information.
 IGNORED_WEIGHT_SUFFIX = "rotary_emb.inv_freq"
 
@@ -33,33 +31,47 @@ def is_model_weight(name: str) -> bool:
     return name.startswith(("model.", LM_HEAD_NAME))
 
 
+def quantized_layer_weights(c: ModelConfig) -> tuple[str, ...]:
+    """The names (inside a layer) of the matrices a quantized copy stores in
+    blocks (engine/formats/loader.py quantized_copy)."""
+    return tuple(f"{name}.weight" for name in family_named(c.family).layer.products())
+
+
+def layer_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Module name inside a layer -> the shape of its weight (biases are
+    `.bias` of the same shape's first dimension), for this config's family."""
+    names = family_named(c.family).layer
+    hidden, inter, d = c.hidden_size, c.intermediate_size, c.head_dim
+    q_out, kv_out = c.num_attention_heads * d, c.num_key_value_heads * d
+    shapes: dict[str | None, tuple[int, ...]] = {
+        names.q: (q_out, hidden), names.k: (kv_out, hidden), names.v: (kv_out, hidden),
+        names.qkv: (q_out + 2 * kv_out, hidden), names.o: (hidden, q_out),
+        names.gate: (inter, hidden), names.up: (inter, hidden), names.gate_up: (2 * inter, hidden),
+        names.down: (hidden, inter), names.q_norm: (d,), names.k_norm: (d,),
+    }
+    shapes |= {norm: (hidden,) for norm in names.norms()}
+    return {name: shape for name, shape in shapes.items() if name is not None}
+
+
 def expected_weights(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     """name -> shape of every weight the loader takes for this config, a
     separate LM head included when the embeddings are not tied (a folder
     whose weights differ is refused)."""
-    hidden, inter, d = c.hidden_size, c.intermediate_size, c.head_dim
-    q_out, kv_out = c.num_attention_heads * d, c.num_key_value_heads * d
+    names = family_named(c.family).layer
+    shapes = layer_shapes(c)
+    biases: list[str | None] = []
+    if c.qkv_bias:
+        biases += [names.q, names.k, names.v, names.qkv]
+    if c.o_bias:
+        biases.append(names.o)
+    if c.mlp_bias:
+        biases += [names.gate, names.up, names.gate_up, names.down]
     expected: dict[str, tuple[int, ...]] = {}
     for i in range(c.num_hidden_layers):
         p = f"model.layers.{i}."
-        attn, mlp = p + "self_attn.", p + "mlp."
-        expected |= {
-            p + "input_layernorm.weight": (hidden,),
-            p + "post_attention_layernorm.weight": (hidden,),
-            attn + "q_proj.weight": (q_out, hidden),
-            attn + "k_proj.weight": (kv_out, hidden),
-            attn + "v_proj.weight": (kv_out, hidden),
-            attn + "o_proj.weight": (hidden, q_out),
-            mlp + "gate_proj.weight": (inter, hidden),
-            mlp + "up_proj.weight": (inter, hidden),
-            mlp + "down_proj.weight": (hidden, inter),
-        }
-        if c.qkv_bias:
-            expected |= {attn + "q_proj.bias": (q_out,), attn + "k_proj.bias": (kv_out,), attn + "v_proj.bias": (kv_out,)}
-        if c.o_bias:
-            expected[attn + "o_proj.bias"] = (hidden,)
-        if c.mlp_bias:
-            expected |= {mlp + "gate_proj.bias": (inter,), mlp + "up_proj.bias": (inter,), mlp + "down_proj.bias": (hidden,)}
+        expected |= {f"{p}{name}.weight": shape for name, shape in shapes.items()}
+        expected |= {f"{p}{name}.bias": shapes[name][:1] for name in biases if name is not None}
+    hidden = c.hidden_size
     expected[EMBEDDING_NAME] = (c.vocab_size, hidden)
     expected["model.norm.weight"] = (hidden,)
     if not c.tie_word_embeddings:

@@ -86,13 +86,17 @@ class AttentionMetadata:
     decode_bias: torch.Tensor | None
     prefills: list[PrefillChunk]
     batch_invariant: bool = False
-    # The step runs on the native CPU path (LlamaModel._forward_native),
+    # The step runs on the native CPU path (DecoderModel._forward_native),
     # where every token attends through engine/kernels/native/paged_attention.c:
     # page_table [sequences, max_pages] holds each chunk's page ids (padded
     # with 0) and row_table [tokens] the line of each token's sequence.
     native: bool = False
     page_table: torch.Tensor | None = None
     row_table: torch.Tensor | None = None
+    # For a model whose layers differ in window (Gemma 2 and 3): the masks of
+    # the sliding layers (the same tokens, rows and write indices); this
+    # metadata's own masks are the global layers'.
+    sliding: AttentionMetadata | None = None
 
 def paged_attention(
     layer: int,
@@ -102,12 +106,16 @@ def paged_attention(
     cache: KVCache,
     meta: AttentionMetadata,
     scale: float,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """q: [T, Hq, D]; k, v: [T, Hkv, D] for this step's tokens. Returns [T, Hq*D]."""
+    """q: [T, Hq, D]; k, v: [T, Hkv, D] for this step's tokens. Returns [T, Hq*D].
+
+    softcap: scores become softcap * tanh(scores / softcap) before the mask
+    and softmax (Gemma 2)."""
     if isinstance(meta, KernelAttentionMetadata):
         # CUDA with triton: kernels read K/V through the page tables in place
         # (engine/runner/cuda_attention.py, built by engine/runner/cuda.py).
-        return kernel_paged_attention(layer, q, k, v, cache, meta, scale)
+        return kernel_paged_attention(layer, q, k, v, cache, meta, scale, softcap)
     num_tokens, num_heads, head_dim = q.shape
     k_layer = cache.k[layer]
     v_layer = cache.v[layer]
@@ -115,21 +123,28 @@ def paged_attention(
     v_layer.view(-1, head_dim).index_copy_(0, meta.write_index, v.reshape(-1, head_dim))
 
     if meta.batch_invariant:
-        return _batch_invariant_attention(q, k.shape[1], k_layer, v_layer, meta, scale)
+        return _batch_invariant_attention(q, k.shape[1], k_layer, v_layer, meta, scale, softcap)
     # The common steps hold only decodes, or one prefill: no output buffer to fill.
     if meta.num_decode == num_tokens:
-        return _decode_attention(q, k_layer, v_layer, meta, scale)
+        return _decode_attention(q, k_layer, v_layer, meta, scale, softcap)
     if not meta.num_decode and len(meta.prefills) == 1:
-        return prefill_attention(q, k, v, k_layer, v_layer, meta.prefills[0], scale)
+        return prefill_attention(q, k, v, k_layer, v_layer, meta.prefills[0], scale, softcap)
     out = torch.empty((num_tokens, num_heads * head_dim), dtype=q.dtype, device=q.device)
     if meta.num_decode:
         out[: meta.num_decode] = _decode_attention(
-            q[: meta.num_decode], k_layer, v_layer, meta, scale
+            q[: meta.num_decode], k_layer, v_layer, meta, scale, softcap
         )
     for chunk in meta.prefills:
         rows = slice(chunk.token_start, chunk.token_start + chunk.num_tokens)
-        out[rows] = prefill_attention(q[rows], k[rows], v[rows], k_layer, v_layer, chunk, scale)
+        out[rows] = prefill_attention(q[rows], k[rows], v[rows], k_layer, v_layer, chunk, scale, softcap)
     return out
+
+
+def _capped(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """Scores through the soft-cap, in place."""
+    if softcap is None:
+        return scores
+    return scores.div_(softcap).tanh_().mul_(softcap)
 
 
 def _decode_attention(
@@ -138,6 +153,7 @@ def _decode_attention(
     v_layer: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     # One query per sequence: padded batched matmuls over whole gathered
     # pages. On the CPU this beats the generic SDPA kernel, whose per-call
@@ -149,7 +165,10 @@ def _decode_attention(
     keys = k_layer.index_select(0, meta.decode_rows).view(batch_heads, max_keys, head_dim)
     values = v_layer.index_select(0, meta.decode_rows).view(batch_heads, max_keys, head_dim)
     queries = q.reshape(batch_heads, group, head_dim)
-    scores = torch.baddbmm(meta.decode_bias, queries, keys.transpose(1, 2), alpha=scale)
+    if softcap is None:
+        scores = torch.baddbmm(meta.decode_bias, queries, keys.transpose(1, 2), alpha=scale)
+    else:
+        scores = _capped(torch.bmm(queries, keys.transpose(1, 2)).mul_(scale), softcap).add_(meta.decode_bias)
     probs = torch.softmax(scores, dim=-1)
     return torch.bmm(probs, values).view(batch, num_heads * head_dim)
 
@@ -162,6 +181,7 @@ def prefill_attention(
     v_layer: torch.Tensor,
     chunk: PrefillChunk,
     scale: float,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     num_tokens, num_heads, head_dim = q.shape
     if chunk.key_rows is None:
@@ -171,6 +191,8 @@ def prefill_attention(
         keys = k_layer.index_select(0, chunk.key_rows).view(num_kv, -1, head_dim)
         values = v_layer.index_select(0, chunk.key_rows).view(num_kv, -1, head_dim)
         keys, values = keys[:, : chunk.num_keys], values[:, : chunk.num_keys]
+    if softcap is not None:
+        return _capped_prefill(q, keys, values, chunk, scale, softcap)
     attn = F.scaled_dot_product_attention(
         q.transpose(0, 1).unsqueeze(0),
         keys.unsqueeze(0),
@@ -183,6 +205,28 @@ def prefill_attention(
     return attn.squeeze(0).transpose(0, 1).reshape(num_tokens, num_heads * head_dim)
 
 
+def _capped_prefill(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, chunk: PrefillChunk, scale: float, softcap: float
+) -> torch.Tensor:
+    """A prefill chunk's attention with soft-capped scores, which SDPA
+    cannot apply: the scores as one product per KV head's query group."""
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv, num_keys = keys.shape[0], keys.shape[1]
+    group = num_heads // num_kv
+    # [kv, group * tokens, D]: query head kv * group + g.
+    queries = q.transpose(0, 1).reshape(num_kv, group * num_tokens, head_dim)
+    scores = _capped(torch.bmm(queries, keys.transpose(1, 2)).mul_(scale), softcap)
+    scores = scores.view(num_kv, group, num_tokens, num_keys)
+    if chunk.mask is None:
+        allowed = torch.ones(num_tokens, num_keys, dtype=torch.bool, device=q.device).tril(num_keys - num_tokens)
+    else:
+        allowed = chunk.mask
+    scores.masked_fill_(~allowed, float("-inf"))
+    probs = torch.softmax(scores.view(num_kv, group * num_tokens, num_keys), dim=-1)
+    out = torch.bmm(probs, values).view(num_heads, num_tokens, head_dim)
+    return out.transpose(0, 1).reshape(num_tokens, num_heads * head_dim)
+
+
 def _batch_invariant_attention(
     q: torch.Tensor,
     num_kv: int,
@@ -190,6 +234,7 @@ def _batch_invariant_attention(
     v_layer: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     num_tokens, num_heads, head_dim = q.shape
     out = torch.empty((num_tokens, num_heads * head_dim), dtype=q.dtype, device=q.device)
@@ -201,11 +246,11 @@ def _batch_invariant_attention(
         values = _padded_keys(v_layer, meta.decode_rows, batch_heads, max_keys)
         queries = q[: meta.num_decode].reshape(batch_heads, group, head_dim)
         queries = F.pad(queries, (0, 0, 0, tile - group))
-        attn = _tile_attention(queries, keys, values, meta.decode_bias, scale)
+        attn = _tile_attention(queries, keys, values, meta.decode_bias, scale, softcap)
         out[: meta.num_decode] = attn[:, :group].reshape(meta.num_decode, num_heads * head_dim)
     for chunk in meta.prefills:
         rows = slice(chunk.token_start, chunk.token_start + chunk.num_tokens)
-        out[rows] = _tiled_prefill_attention(q[rows], num_kv, k_layer, v_layer, chunk, scale)
+        out[rows] = _tiled_prefill_attention(q[rows], num_kv, k_layer, v_layer, chunk, scale, softcap)
     return out
 
 
@@ -216,6 +261,7 @@ def _tiled_prefill_attention(
     v_layer: torch.Tensor,
     chunk: PrefillChunk,
     scale: float,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     assert chunk.key_rows is not None and chunk.tile_bias is not None
     num_tokens, num_heads, head_dim = q.shape
@@ -247,6 +293,7 @@ def _tiled_prefill_attention(
             .expand(num_kv, n, QUERY_TILE, num_keys)
             .reshape(num_kv * n, QUERY_TILE, num_keys),
             scale,
+            softcap,
         ).view(num_kv, n, QUERY_TILE, head_dim)
     out = out.view(num_kv, padded_rows, head_dim)[:, : num_tokens * group]
     out = out.reshape(num_kv, num_tokens, group, head_dim).transpose(0, 1)
@@ -259,11 +306,12 @@ def _tile_attention(
     values: torch.Tensor,
     bias: torch.Tensor,
     scale: float,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """[N, QUERY_TILE, D] queries against [N, keys, D]: the one sequence of
     ops every query goes through in batch-invariant mode."""
     scores = torch.bmm(queries, keys.transpose(1, 2))
-    scores.mul_(scale).add_(bias)
+    _capped(scores.mul_(scale), softcap).add_(bias)
     probs = torch.softmax(scores, dim=-1)
     # Contiguous blocks: the same shape and the same strides in every call.
     out = torch.bmm(probs[:, :, :KEY_BLOCK].contiguous(), values[:, :KEY_BLOCK])

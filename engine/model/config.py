@@ -1,7 +1,10 @@
 """Model hyper-parameters read from a Hugging Face `config.json`.
 
-Only the Llama family is run: Llama 2/3, Mistral, Qwen2/2.5 and SmolLM share
-one decoder layout and differ in a handful of switches captured here.
+Every family Tandem runs (engine/model/families: Llama and Mistral, Qwen2,
+Qwen3, Gemma 2 and 3, Granite) is one decoder layout with switches: the
+common fields are read here, and each family's module reads the features of
+its block (norm offset, q/k norms, activation, scales, soft-caps, which
+layers slide) into the same ModelConfig.
 
 Configurations come from strangers (a downloaded config.json, a GGUF file's
 metadata), so the model's dimensions are checked here, once, for every
@@ -26,8 +29,9 @@ from typing import Any
 
 from engine.errors import InvalidModelConfigError, ModelLoadError, UnsupportedModelError
 from engine.formats.model_json import ModelJSONError, read_json_object, shown_value
+from engine.model import families
+from engine.model.families import SUPPORTED_MODEL_TYPES
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 # Upper bounds far above any real model (the largest dense models have ~130
@@ -90,6 +94,22 @@ class ModelConfig:
     rope_scaling: RopeScaling = field(default_factory=RopeScaling)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # The block's features (engine/model/families); the defaults are Llama's.
+    family: str = "llama"
+    norm_offset: float = 0.0  # norms multiply by (offset + w): Gemma's 1 + w
+    qk_norm: bool = False  # an RMSNorm over each query and key head before RoPE
+    activation: str = "silu"  # of the gated feed-forward: "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
+    embedding_scale: float = 1.0
+    residual_scale: float = 1.0  # on both branches before they join the residual stream
+    attention_scale: float | None = None  # None: head_dim ** -0.5
+    logit_scale: float = 1.0
+    attn_softcap: float | None = None  # scores -> cap * tanh(scores / cap)
+    final_softcap: float | None = None
+    # Which layers attend over `sliding_window`; () means every layer does
+    # (when there is a window at all).
+    sliding_layers: tuple[bool, ...] = ()
+    # The RoPE base of the sliding layers, unscaled (Gemma 3); None: rope_theta.
+    local_rope_theta: float | None = None
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> ModelConfig:
@@ -98,16 +118,25 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str = "config.json") -> ModelConfig:
         model_type = raw.get("model_type", "")
-        if model_type not in SUPPORTED_MODEL_TYPES:
+        family = families.for_model_type(model_type) if isinstance(model_type, str) else None
+        if family is None:
             archs = raw.get("architectures")
             named = model_type or (archs[0] if isinstance(archs, list) and archs else "unknown")
             raise UnsupportedModelError(
-                f"Unsupported architecture {shown_value(named)} in {source}: Tandem runs Llama-family "
-                f"models (model_type {', '.join(SUPPORTED_MODEL_TYPES[:-1])} or "
-                f"{SUPPORTED_MODEL_TYPES[-1]})"
+                f"Unsupported architecture {shown_value(named)} in {source}: Tandem runs "
+                f"{families.supported_titles()} models (model_type {', '.join(SUPPORTED_MODEL_TYPES[:-1])} "
+                f"or {SUPPORTED_MODEL_TYPES[-1]})"
             )
         check_dimensions(raw, source)
         rope_theta, rope_scaling, sliding_window = _rope_and_window(raw, source)
+        features = family.read_features(raw, source)
+        local_theta = _local_rope_theta(raw, source)
+        if local_theta is not None:
+            features["local_rope_theta"] = local_theta
+        if family.qkv_bias_always:
+            qkv_bias, o_bias = True, False
+        else:
+            qkv_bias = o_bias = bool(raw.get("attention_bias", False))
         try:
             hidden = int(raw["hidden_size"])
             heads = int(raw["num_attention_heads"])
@@ -126,15 +155,17 @@ class ModelConfig:
                 rope_theta=rope_theta,
                 max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-                # Qwen2 always has q/k/v bias; Llama exposes it as a switch that
-                # also covers o_proj.
-                qkv_bias=model_type == "qwen2" or bool(raw.get("attention_bias", False)),
-                o_bias=model_type != "qwen2" and bool(raw.get("attention_bias", False)),
+                # Qwen2 always has q/k/v bias; the others expose it as a switch
+                # that also covers o_proj.
+                qkv_bias=qkv_bias,
+                o_bias=o_bias,
                 mlp_bias=bool(raw.get("mlp_bias", False)),
                 sliding_window=sliding_window,
                 rope_scaling=rope_scaling,
                 bos_token_id=_optional_int(raw.get("bos_token_id")),
                 eos_token_ids=_int_tuple(raw.get("eos_token_id")),
+                family=family.name,
+                **features,
             )
         except (KeyError, TypeError, ValueError, OverflowError) as exc:
             # Cut short: the message may quote a value of megabytes.
@@ -144,15 +175,39 @@ class ModelConfig:
                 f"{source}: num_attention_heads ({heads}) is not a multiple of "
                 f"num_key_value_heads ({kv_heads})"
             )
-        if raw.get("hidden_act", "silu") not in ("silu", "swish"):
+        if cfg.activation == "silu" and raw.get("hidden_act", "silu") not in ("silu", "swish"):
             raise UnsupportedModelError(
-                f"Unsupported activation {shown_value(raw.get('hidden_act'))} in {source}; only SiLU is run"
+                f"Unsupported activation {shown_value(raw.get('hidden_act'))} in {source}; "
+                f"{family.title} models are run with SiLU"
             )
+        if cfg.sliding_layers and len(cfg.sliding_layers) != cfg.num_hidden_layers:
+            raise InvalidModelConfigError(f"{source}: the sliding-window layer pattern does not match the layers")
         return cfg
 
     @property
     def num_queries_per_kv(self) -> int:
         return self.num_attention_heads // self.num_key_value_heads
+
+    @property
+    def query_scale(self) -> float:
+        """What attention scores are multiplied by."""
+        return self.attention_scale if self.attention_scale is not None else self.head_dim**-0.5
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window layer `layer` attends over, None for all keys."""
+        if self.sliding_window is None or (self.sliding_layers and not self.sliding_layers[layer]):
+            return None
+        return self.sliding_window
+
+    def layer_rope_theta(self, layer: int) -> float:
+        """The RoPE base of layer `layer` (Gemma 3's sliding layers have their own)."""
+        if self.local_rope_theta is not None and self.layer_window(layer) is not None:
+            return self.local_rope_theta
+        return self.rope_theta
+
+    @property
+    def family_title(self) -> str:
+        return families.family_named(self.family).title
 
 
 def read_config_json(folder: str | Path) -> dict[str, Any]:
@@ -302,8 +357,8 @@ def _rope_and_window(
         )
 
     window: Any = raw.get("sliding_window")
-    if raw.get("model_type") == "qwen2" and not raw.get("use_sliding_window", False):
-        window = None  # Qwen2 configs name a window they do not use
+    if raw.get("model_type") in ("qwen2", "qwen3") and not raw.get("use_sliding_window", False):
+        window = None  # Qwen configs name a window they do not use
     sliding_window = _positions("sliding_window", window, refuse) if window else None
     return rope_theta, scaling, sliding_window
 
@@ -315,10 +370,28 @@ def _rope_params(raw: Mapping[str, Any]) -> tuple[Mapping[str, Any], str]:
     write `rope_theta` and an optional `rope_scaling` dict.
     """
     params = raw.get("rope_parameters")
+    if isinstance(params, dict) and isinstance(params.get("full_attention"), dict):
+        # Per layer type (Gemma 3): the global layers' settings; the sliding
+        # layers' base is read by _local_rope_theta.
+        return params["full_attention"], "rope_parameters.full_attention"
     if isinstance(params, dict):
         return params, "rope_parameters"
     scaling = raw.get("rope_scaling")
     return (scaling if isinstance(scaling, dict) else {}), "rope_scaling"
+
+
+def _local_rope_theta(raw: Mapping[str, Any], source: str) -> float | None:
+    """The sliding layers' own RoPE base, unscaled: `rope_local_base_freq`
+    (transformers 4), or `rope_parameters.sliding_attention.rope_theta`."""
+    params = raw.get("rope_parameters")
+    key, value = "rope_local_base_freq", raw.get("rope_local_base_freq")
+    if isinstance(params, dict) and isinstance(params.get("sliding_attention"), dict):
+        key, value = "rope_parameters.sliding_attention.rope_theta", params["sliding_attention"].get("rope_theta")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < MIN_ROPE_THETA:
+        raise _refusals(source, None)[1](key, f"is {shown_value(value)}, not a finite number of at least {MIN_ROPE_THETA}")
+    return float(value)
 
 
 _Refuse = Callable[[str, str], InvalidModelConfigError]
@@ -369,10 +442,14 @@ def _int_tuple(value: Any) -> tuple[int, ...]:
     return (int(value),)
 
 
-def rope_inverse_frequencies(cfg: ModelConfig) -> list[float]:
-    """Per-pair rotation frequencies, with the config's RoPE scaling applied."""
+def rope_inverse_frequencies(cfg: ModelConfig, layer: int = 0) -> list[float]:
+    """Per-pair rotation frequencies of layer `layer`, with the config's RoPE
+    scaling applied (not to a sliding layer's own base, as Gemma 3 has it)."""
     dim = cfg.head_dim
-    inv = [1.0 / (cfg.rope_theta ** (i / dim)) for i in range(0, dim, 2)]
+    theta = cfg.layer_rope_theta(layer)
+    inv = [1.0 / (theta ** (i / dim)) for i in range(0, dim, 2)]
+    if theta != cfg.rope_theta:
+        return inv
     scaling = cfg.rope_scaling
     if scaling.rope_type == "linear":
         return [f / scaling.factor for f in inv]

@@ -353,7 +353,7 @@ class QuantLinear:
         """out (+)= op(x) @ W.T + bias, float32 rows, in place: op is None,
         "rms_norm" (times norm_weight) or "swiglu" (x holds gate then up);
         with `accumulate` the product is added to out (a residual stream).
-        The steps of LlamaModel's native path are these calls."""
+        The steps of DecoderModel's native path are these calls."""
         if x.stride(1) != 1:
             x = x.contiguous()
         if self._bound is None:

@@ -19,7 +19,7 @@ import torch
 from engine.model.attention import KEY_BLOCK, QUERY_TILE, AttentionMetadata, PrefillChunk
 from engine.model.kv_cache import KVCache
 from engine.runner.threads import ThreadPolicy
-from engine.model.llama import LlamaModel
+from engine.model.decoder import DecoderModel
 from engine.model.sampler import sample
 from engine.core.scheduler import ScheduledChunk, ScheduleResult
 
@@ -28,7 +28,7 @@ from engine.core.scheduler import ScheduledChunk, ScheduleResult
 class ModelRunner:
     def __init__(
         self,
-        model: LlamaModel,
+        model: DecoderModel,
         cache: KVCache,
         *,
         deterministic: bool = False,
@@ -41,7 +41,13 @@ class ModelRunner:
         self.cache = cache
         self.page_size = cache.page_size
         self.device = model.device
-        self.window = model.config.sliding_window
+        config = model.config
+        windows = {config.layer_window(i) for i in range(config.num_hidden_layers)}
+        # The window of the global layers (of every layer, when they agree),
+        # and of the sliding ones when layers differ (Gemma 2 and 3): a step
+        # then builds a second set of masks (AttentionMetadata.sliding).
+        self.window = next(iter(windows)) if len(windows) == 1 else None
+        self.sliding_window = config.sliding_window if len(windows) > 1 else None
         self.act_dtype = model.act_dtype
         self.num_kv = model.config.num_key_value_heads
         self.group = model.config.num_queries_per_kv
@@ -91,12 +97,13 @@ class ModelRunner:
         if meta.native:
             meta.page_table, meta.row_table = self._page_tables(step)
         else:
-            if step.decodes:
-                meta.decode_rows, meta.decode_bias = self._decode_keys(step.decodes)
-            token_start = len(step.decodes)
-            for chunk in step.prefills:
-                meta.prefills.append(self._prefill_chunk(chunk, token_start))
-                token_start += chunk.num_tokens
+            self._add_masks(meta, step, self.window)
+            if self.sliding_window is not None:
+                meta.sliding = AttentionMetadata(
+                    write_index=meta.write_index, num_decode=meta.num_decode, decode_rows=None,
+                    decode_bias=None, prefills=[], batch_invariant=self.deterministic,
+                )
+                self._add_masks(meta.sliding, step, self.sliding_window)
 
         hidden = self.model.forward(
             torch.tensor(ids, dtype=torch.long, device=dev),
@@ -106,6 +113,15 @@ class ModelRunner:
             max(positions),
         )
         return hidden, sample_rows, samplers
+
+    def _add_masks(self, meta: AttentionMetadata, step: ScheduleResult, window: int | None) -> None:
+        """The step's key rows and masks for layers that attend over `window`."""
+        if step.decodes:
+            meta.decode_rows, meta.decode_bias = self._decode_keys(step.decodes, window)
+        token_start = len(step.decodes)
+        for chunk in step.prefills:
+            meta.prefills.append(self._prefill_chunk(chunk, token_start, window))
+            token_start += chunk.num_tokens
 
     def _page_rows(self, table: torch.Tensor) -> torch.Tensor:
         """[..., pages] page ids -> [..., kv_heads, pages] cache rows."""
@@ -122,7 +138,7 @@ class ModelRunner:
         counts = torch.tensor([c.num_tokens for c in step.chunks], dtype=torch.long)
         return table, torch.repeat_interleave(torch.arange(len(used)), counts)
 
-    def _decode_keys(self, decodes: list[ScheduledChunk]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _decode_keys(self, decodes: list[ScheduledChunk], window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
         ps = self.page_size
         lengths = [c.start + 1 for c in decodes]
         max_pages = -(-max(lengths) // ps)
@@ -138,8 +154,8 @@ class ModelRunner:
         key_pos = torch.arange(num_keys, device=self.device)
         lens = torch.tensor(lengths, device=self.device)[:, None]
         allowed = key_pos < lens
-        if self.window is not None:
-            allowed &= key_pos > lens - 1 - self.window
+        if window is not None:
+            allowed &= key_pos > lens - 1 - window
         bias = torch.zeros(allowed.shape, dtype=self.act_dtype, device=self.device)
         bias.masked_fill_(~allowed, float("-inf"))
         batch, num_keys = bias.shape
@@ -148,12 +164,12 @@ class ModelRunner:
         bias = bias[:, None, None, :].expand(batch, self.num_kv, query_rows, num_keys)
         return rows.reshape(-1), bias.reshape(batch * self.num_kv, query_rows, num_keys)
 
-    def _prefill_chunk(self, chunk: ScheduledChunk, token_start: int) -> PrefillChunk:
+    def _prefill_chunk(self, chunk: ScheduledChunk, token_start: int, window: int | None) -> PrefillChunk:
         start, num = chunk.start, chunk.num_tokens
         num_keys = start + num
         if self.deterministic:
-            return self._tiled_prefill_chunk(chunk, token_start)
-        if start == 0 and self.window is None:
+            return self._tiled_prefill_chunk(chunk, token_start, window)
+        if start == 0 and window is None:
             return PrefillChunk(token_start, num, num_keys, key_rows=None, mask=None)
         key_rows = None
         if start:
@@ -163,11 +179,11 @@ class ModelRunner:
         query_pos = torch.arange(start, num_keys, device=self.device)[:, None]
         key_pos = torch.arange(num_keys, device=self.device)[None, :]
         mask = key_pos <= query_pos
-        if self.window is not None:
-            mask &= key_pos > query_pos - self.window
+        if window is not None:
+            mask &= key_pos > query_pos - window
         return PrefillChunk(token_start, num, num_keys, key_rows=key_rows, mask=mask)
 
-    def _tiled_prefill_chunk(self, chunk: ScheduledChunk, token_start: int) -> PrefillChunk:
+    def _tiled_prefill_chunk(self, chunk: ScheduledChunk, token_start: int, window: int | None) -> PrefillChunk:
         """A prefill chunk for batch-invariant attention: all of its pages, and
         a mask over rows (token, group member) padded to whole tiles."""
         start, num = chunk.start, chunk.num_tokens
@@ -180,8 +196,8 @@ class ModelRunner:
         query_pos = start + torch.arange(rows, device=self.device)[:, None] // self.group
         key_pos = torch.arange(_whole_blocks(num_keys), device=self.device)[None, :]
         allowed = key_pos <= query_pos
-        if self.window is not None:
-            allowed &= key_pos > query_pos - self.window
+        if window is not None:
+            allowed &= key_pos > query_pos - window
         bias = torch.zeros((padded, key_pos.shape[1]), dtype=self.act_dtype, device=self.device)
         bias[:rows].masked_fill_(~allowed, float("-inf"))
         return PrefillChunk(

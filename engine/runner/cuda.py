@@ -13,6 +13,8 @@ path without a GPU.
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import os
 
@@ -28,7 +30,7 @@ from engine.runner.cuda_graphs import (
     replay_size,
 )
 from engine.runner.cuda_attention import KernelAttentionMetadata
-from engine.model.llama import LlamaModel
+from engine.model.decoder import DecoderModel
 from engine.runner.cpu import ModelRunner, flatten_step
 from engine.core.scheduler import ScheduleResult
 
@@ -52,7 +54,7 @@ def cuda_graphs_enabled() -> bool:
 
 
 def make_cuda_runner(
-    model: LlamaModel, cache: KVCache, max_running: int, *, deterministic: bool = False, **options
+    model: DecoderModel, cache: KVCache, max_running: int, *, deterministic: bool = False, **options
 ) -> ModelRunner:
     """The runner for a CUDA model: Triton kernels and CUDA graphs where triton
     is installed, else the shared PyTorch path (gathers pages, but correct).
@@ -79,7 +81,7 @@ class KernelModelRunner(ModelRunner):
 
     def __init__(
         self,
-        model: LlamaModel,
+        model: DecoderModel,
         cache: KVCache,
         *,
         graph_max_batch: int = 0,
@@ -89,7 +91,11 @@ class KernelModelRunner(ModelRunner):
     ) -> None:
         super().__init__(model, cache, **options)
         config = model.config
-        self.kernel_window = config.sliding_window or 0  # the kernels take 0 for "none"
+        # The kernels take 0 for "none". Where layers differ in window (Gemma 2
+        # and 3), kernel_window is the global layers' (0) and each step's
+        # metadata carries the sliding layers' beside it.
+        self.kernel_window = self.window or 0
+        self.sliding_kernel_window = self.sliding_window or 0
         self.max_context = config.max_position_embeddings
         self.table_width = -(-self.max_context // self.page_size)
         if num_sms is None:
@@ -211,7 +217,13 @@ class KernelModelRunner(ModelRunner):
             window=self.kernel_window,
             num_kv_heads=self.num_kv,
         )
-        return meta, fields["ids"], fields["positions"]
+        return self._with_sliding(meta), fields["ids"], fields["positions"]
+
+    def _with_sliding(self, meta: KernelAttentionMetadata) -> KernelAttentionMetadata:
+        """`meta` with the sliding layers' copy attached, where layers differ in window."""
+        if self.sliding_kernel_window:
+            meta.sliding = dataclasses.replace(meta, window=self.sliding_kernel_window, sliding=None)
+        return meta
 
     def _splits(self, batch: int, max_keys: int) -> int:
         from engine.kernels.triton.attention import num_kv_splits
@@ -227,13 +239,13 @@ class KernelModelRunner(ModelRunner):
 
         def make_meta(size: int, slots, block_table, seq_lens) -> KernelAttentionMetadata:
             # Splits are fixed per size, chosen for the longest context.
-            return KernelAttentionMetadata(
+            return self._with_sliding(KernelAttentionMetadata(
                 slots=slots, num_decode=size, decode_block_table=block_table,
                 decode_seq_lens=seq_lens, num_splits=self._splits(size, self.max_context),
                 prefill_block_table=None, prefill_query_start=None, prefill_query_len=None,
                 prefill_context_len=None, max_prefill_len=0,
                 window=self.kernel_window, num_kv_heads=self.num_kv,
-            )
+            ))
 
         def forward(input_ids, input_positions, meta, max_position) -> torch.Tensor:
             return self.model.forward(input_ids, input_positions, meta, self.cache, max_position)

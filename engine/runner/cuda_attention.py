@@ -34,6 +34,9 @@ class KernelAttentionMetadata:
     max_prefill_len: int
     window: int  # sliding window in tokens, 0 for none
     num_kv_heads: int
+    # The sliding layers' metadata where layers differ in window (Gemma 2
+    # and 3): the same tensors, another window.
+    sliding: KernelAttentionMetadata | None = None
 
 
 def kernel_paged_attention(
@@ -44,9 +47,13 @@ def kernel_paged_attention(
     cache,  # engine.model.kv_cache.KVCache
     meta: KernelAttentionMetadata,
     scale: float,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """q: [T, Hq, D]; k, v: [T, Hkv, D]. Returns [T, Hq*D], like engine.model.attention."""
     from engine.kernels.triton import attention as kernels
+
+    if softcap is not None:
+        raise NotImplementedError("the Triton attention kernels do not soft-cap scores")
 
     num_tokens, num_heads, head_dim = q.shape
     k_layer = cache.k[layer]

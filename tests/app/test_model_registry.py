@@ -564,7 +564,7 @@ def _loaded_bytes(engine) -> int:
 def test_the_estimate_matches_what_the_engine_allocates(
     registry: ModelRegistry, model_folder: Path, dtype: str, kv_cache_mb: int | None
 ) -> None:
-    """Kept in step with engine/llm.py, engine/model/llama.py and engine/model/linear.py
+    """Kept in step with engine/llm.py, engine/model/decoder.py and engine/model/linear.py
     by comparing with a really loaded engine (oneDNN copies included)."""
     from engine import Engine
 

@@ -48,12 +48,35 @@ ARCHS = {
     ),
     "qwen2-bias": lambda: transformers.Qwen2Config(**TINY, tie_word_embeddings=True),
     "mistral-sliding-window": lambda: transformers.MistralConfig(**TINY, sliding_window=7),
+    "qwen3": lambda: transformers.Qwen3Config(**TINY, head_dim=24, rope_theta=1e6),
+    # Soft-caps small enough to change the result: a model that ignored them
+    # would fail.
+    "gemma2-softcaps-alternating-window": lambda: transformers.Gemma2Config(
+        **TINY, head_dim=16, query_pre_attn_scalar=32, sliding_window=5,
+        attn_logit_softcapping=0.5, final_logit_softcapping=0.3,
+    ),
+    # Sliding layers on their own RoPE base; global ones scaled (linear).
+    "gemma3-local-global-rope": lambda: transformers.Gemma3TextConfig(
+        **TINY, head_dim=16, query_pre_attn_scalar=16, sliding_window=5,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        },
+    ),
+    "granite-multipliers": lambda: transformers.GraniteConfig(
+        **TINY, embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.1, logits_scaling=4.0,
+    ),
 }
 
 CLASSES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "mistral": "MistralForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+    "granite": "GraniteForCausalLM",
 }
 
 
@@ -121,6 +144,28 @@ def test_logits_match_transformers(arch: str, tmp_path: Path) -> None:
         else:
             logits = _run(runner, [_chunk(ids, pages, pos, 1)], [])
         torch.testing.assert_close(logits[0], expected[pos], atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["gemma2-softcaps-alternating-window", "gemma3-local-global-rope"])
+def test_batch_invariant_path_matches_transformers(arch: str, tmp_path: Path) -> None:
+    """The deterministic mode's tiled attention applies the soft-cap and each
+    layer's window too: a prefill in chunks, then decodes beside another
+    sequence's prefill."""
+    hf = _save_tiny(ARCHS[arch](), tmp_path)
+    model = load_model(tmp_path, "cpu", "float32")
+    runner = ModelRunner(model, model.new_kv_cache(16, 4), deterministic=True)
+    rng = random.Random(3)
+    ids = [rng.randrange(TINY["vocab_size"]) for _ in range(14)]
+    other = [rng.randrange(TINY["vocab_size"]) for _ in range(7)]
+    pages, other_pages = [5, 2, 9, 7], [11, 3]
+    expected = _hf_logits(hf, ids)
+    a = _run(runner, [], [_chunk(ids, pages, 0, 9)])
+    b = _run(runner, [], [_chunk(ids, pages, 9, 3)])
+    torch.testing.assert_close(torch.cat([a, b]), expected[:12], atol=2e-4, rtol=1e-4)
+    logits = _run(runner, [_chunk(ids, pages, 12, 1)], [_chunk(other, other_pages, 0, 7)])
+    torch.testing.assert_close(logits[0], expected[12], atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(logits[1:], _hf_logits(hf, other), atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(_run(runner, [_chunk(ids, pages, 13, 1)], [])[0], expected[13], atol=2e-4, rtol=1e-4)
 
 
 def test_batched_decodes_of_different_lengths(tmp_path: Path) -> None:

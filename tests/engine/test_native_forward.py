@@ -1,4 +1,4 @@
-"""The native CPU path of quantized models (engine/kernels/native, LlamaModel._forward_native):
+"""The native CPU path of quantized models (engine/kernels/native, DecoderModel._forward_native):
 each kernel against a plain torch reference, the whole path against the
 generic one, and the same path in deterministic mode."""
 

@@ -1,4 +1,13 @@
-"""The Llama-family decoder, run over a flattened batch of tokens.
+"""The decoder of every family Tandem runs, over a flattened batch of tokens.
+
+One block with switches, read from the config by each family's module
+(engine/model/families): the Llama block (RMSNorm, RoPE, grouped-query
+attention, SwiGLU), plus q/k head norms (Qwen3, Gemma 3), GeGLU, norms on
+the branch outputs (Gemma), embedding, residual and logit scales (Gemma,
+Granite), attention and logit soft-caps (Gemma 2), and layers that attend
+over a sliding window with their own RoPE base beside global ones (Gemma 2
+and 3). Norms with an offset (Gemma's `1 + w`) arrive with it added by the
+loader, so every norm here multiplies by its weight.
 
 Weights are plain tensors (no nn.Module tree): q/k/v and gate/up are fused
 into one matrix each at load time, so a layer is four matmuls. Every token of
@@ -24,11 +33,11 @@ import torch.nn.functional as F
 
 from engine.kernels import native
 from engine.model.attention import AttentionMetadata, paged_attention
-from engine.model.kv_cache import KVCache
 from engine.model.config import ModelConfig, rope_inverse_frequencies
+from engine.model.kv_cache import KVCache
 from engine.model.linear import Linear
-from engine.runner.memory import activation_dtype
 from engine.model.quant import ConcatLinear, QuantizedTensor, QuantLinear, take_rows
+from engine.runner.memory import activation_dtype
 
 # Anything with __call__(x) and tiled(x, rows): engine.model.linear.Linear, or the
 # weight-only quantized layers of engine.model.quant.
@@ -39,18 +48,24 @@ Product = Linear | QuantLinear | ConcatLinear
 # 16 rows (see docs/benchmarks.md for the measured cost).
 ROW_TILE = 16
 
+_NORMS = ("input_norm", "post_norm", "q_norm", "k_norm", "attn_out_norm", "ffn_out_norm")
+
 
 @dataclass(slots=True)
 class LayerWeights:
     input_norm: torch.Tensor
     qkv: Product  # [(Hq + 2*Hkv) * D, hidden]
     o: Product
-    post_norm: torch.Tensor
+    post_norm: torch.Tensor  # before the feed-forward network
     gate_up: Product  # [2 * intermediate, hidden]
     down: Product
+    q_norm: torch.Tensor | None = None  # [D], over each query head before RoPE
+    k_norm: torch.Tensor | None = None
+    attn_out_norm: torch.Tensor | None = None  # on the attention output, before the residual
+    ffn_out_norm: torch.Tensor | None = None  # on the feed-forward output, before the residual
 
 
-class LlamaModel:
+class DecoderModel:
     def __init__(
         self,
         config: ModelConfig,
@@ -82,20 +97,29 @@ class LlamaModel:
         # activations are what llama.cpp keeps too.
         self.act_dtype = activation_dtype(self.device, self.dtype)
         for layer in layers:
-            layer.input_norm = layer.input_norm.to(self.act_dtype).contiguous()
-            layer.post_norm = layer.post_norm.to(self.act_dtype).contiguous()
+            for name in _NORMS:
+                weight = getattr(layer, name)
+                if weight is not None:
+                    setattr(layer, name, weight.to(self.act_dtype).contiguous())
         self.norm = norm.to(self.act_dtype)
-        self.scale = config.head_dim**-0.5
+        self.scale = config.query_scale
         self._q_size = config.num_attention_heads * config.head_dim
         self._kv_size = config.num_key_value_heads * config.head_dim
-        inv_freq = torch.tensor(rope_inverse_frequencies(config), dtype=torch.float32)
-        self._inv_freq = inv_freq.to(self.device)
-        self._rope_cache_len = 0
-        self._cos = self._sin = torch.empty(0)
+        self.layer_windows = [config.layer_window(i) for i in range(config.num_hidden_layers)]
+        # One rotation table per distinct set of frequencies (Gemma 3's
+        # sliding layers have their own base): layer -> index into _rope.
+        frequencies: list[list[float]] = []
+        self._layer_rope: list[int] = []
+        for index in range(config.num_hidden_layers):
+            inv = rope_inverse_frequencies(config, index)
+            if inv not in frequencies:
+                frequencies.append(inv)
+            self._layer_rope.append(frequencies.index(inv))
+        self._rope = [RopeTable(torch.tensor(inv, dtype=torch.float32, device=self.device)) for inv in frequencies]
         self.batch_invariant = False
         # Whether steps may run the native CPU path (_forward_native): every
-        # product quantized, on the CPU.
-        self.native_forward = self.device.type == "cpu" and all(
+        # product quantized, on the CPU, and a block the native path computes.
+        self.native_forward = self.device.type == "cpu" and native_block(config, layers) and all(
             isinstance(p, QuantLinear)
             for layer in layers
             for p in (layer.qkv, layer.o, layer.gate_up, layer.down)
@@ -124,18 +148,9 @@ class LlamaModel:
             self.device,
         )
 
-    def _rope_tables(self, max_position: int) -> tuple[torch.Tensor, torch.Tensor]:
-        # Tables grow on demand to the longest position seen, so a model with a
-        # 128k context does not pay for one up front.
-        if max_position >= self._rope_cache_len:
-            length = max(2 * self._rope_cache_len, max_position + 1, 256)
-            pos = torch.arange(length, dtype=torch.float32, device=self.device)
-            freqs = torch.outer(pos, self._inv_freq)
-            emb = torch.cat((freqs, freqs), dim=-1)
-            self._cos = emb.cos().to(self.act_dtype)
-            self._sin = emb.sin().to(self.act_dtype)
-            self._rope_cache_len = length
-        return self._cos, self._sin
+    def _rope_tables(self, max_position: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(cos, sin) of every distinct rotation, through max_position."""
+        return [table.through(max_position, self.act_dtype) for table in self._rope]
 
     @torch.inference_mode()
     def forward(
@@ -148,36 +163,59 @@ class LlamaModel:
     ) -> torch.Tensor:
         """Hidden states [T, hidden] after the final norm for every input token."""
         c = self.config
-        cos_table, sin_table = self._rope_tables(max_position)
-        cos = cos_table.index_select(0, positions).unsqueeze(1)
-        sin = sin_table.index_select(0, positions).unsqueeze(1)
+        tables = self._rope_tables(max_position)
+        if isinstance(meta, AttentionMetadata) and meta.native:
+            cos_table, sin_table = tables[0]
+            return self._forward_native(input_ids, positions, meta, cache, cos_table, sin_table)
+        rotations = [
+            (cos.index_select(0, positions).unsqueeze(1), sin.index_select(0, positions).unsqueeze(1))
+            for cos, sin in tables
+        ]
         half = c.head_dim // 2
         num_tokens = input_ids.shape[0]
         eps = c.rms_norm_eps
-        norm_shape = (c.hidden_size,)
-
-        if isinstance(meta, AttentionMetadata) and meta.native:
-            return self._forward_native(input_ids, positions, meta, cache, cos_table, sin_table)
+        norm_shape, head_shape = (c.hidden_size,), (c.head_dim,)
+        heads, kv_heads = c.num_attention_heads, c.num_key_value_heads
         act, weight = self.act_dtype, self.dtype
+        activation = F.silu if c.activation == "silu" else _gelu_tanh
         if isinstance(self.embed, QuantizedTensor):
             x = take_rows(self.embed, input_ids, act)
         else:
             x = F.embedding(input_ids, self.embed).to(act)
+        if c.embedding_scale != 1.0:
+            x = x * c.embedding_scale
         for index, layer in enumerate(self.layers):
             h = F.rms_norm(x, norm_shape, layer.input_norm, eps)
             qkv = self._product(layer.qkv, h.to(weight)).to(act)
             qk, v = qkv.split((self._q_size + self._kv_size, self._kv_size), dim=-1)
+            qk = qk.view(num_tokens, -1, c.head_dim)
+            if layer.q_norm is not None and layer.k_norm is not None:
+                q, k = qk.split((heads, kv_heads), dim=1)
+                q = F.rms_norm(q, head_shape, layer.q_norm, eps)
+                k = F.rms_norm(k, head_shape, layer.k_norm, eps)
+                qk = torch.cat((q, k), dim=1)
             # q and k heads rotate together: one set of elementwise ops, not two.
-            qk = _rotate(qk.view(num_tokens, -1, c.head_dim), cos, sin, half)
-            q, k = qk.split((c.num_attention_heads, c.num_key_value_heads), dim=1)
-            v = v.view(num_tokens, c.num_key_value_heads, c.head_dim)
-            attn = paged_attention(index, q, k, v, cache, meta, self.scale)
-            x = x + self._product(layer.o, attn.to(weight))
+            cos, sin = rotations[self._layer_rope[index]]
+            qk = _rotate(qk, cos, sin, half)
+            q, k = qk.split((heads, kv_heads), dim=1)
+            v = v.view(num_tokens, kv_heads, c.head_dim)
+            layer_meta = meta.sliding if self.layer_windows[index] is not None and meta.sliding is not None else meta
+            attn = paged_attention(index, q, k, v, cache, layer_meta, self.scale, c.attn_softcap)
+            x = self._join(x, self._product(layer.o, attn.to(weight)), layer.attn_out_norm)
             h = F.rms_norm(x, norm_shape, layer.post_norm, eps)
-            gate_up = self._product(layer.gate_up, h.to(weight))
-            gate, up = gate_up.chunk(2, dim=-1)
-            x = x + self._product(layer.down, F.silu(gate) * up)
+            gate, up = self._product(layer.gate_up, h.to(weight)).chunk(2, dim=-1)
+            x = self._join(x, self._product(layer.down, activation(gate) * up), layer.ffn_out_norm)
         return F.rms_norm(x, norm_shape, self.norm, eps)
+
+    def _join(self, x: torch.Tensor, branch: torch.Tensor, out_norm: torch.Tensor | None) -> torch.Tensor:
+        """The residual stream after a branch (attention or feed-forward) joins it."""
+        c = self.config
+        branch = branch.to(self.act_dtype)
+        if out_norm is not None:
+            branch = F.rms_norm(branch, (c.hidden_size,), out_norm, c.rms_norm_eps)
+        if c.residual_scale != 1.0:
+            branch = branch * c.residual_scale
+        return x + branch
 
     def _forward_native(
         self,
@@ -221,7 +259,7 @@ class LlamaModel:
             )
             native.paged_attention(
                 qkv, heads, kv_heads, head_dim, positions, meta.row_table, meta.page_table, k_layer, v_layer,
-                cache.page_size, c.sliding_window, self.scale, attn,
+                cache.page_size, self.layer_windows[index], self.scale, attn,
             )
             layer.o.product_into(attn, x, accumulate=True)
             layer.gate_up.product_into(x, gate_up, input_op="rms_norm", norm_weight=layer.post_norm, eps=eps)
@@ -231,7 +269,54 @@ class LlamaModel:
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> float32 logits [N, vocab]."""
-        return self._product(self.lm_head, hidden.to(self.dtype)).float()
+        c = self.config
+        logits = self._product(self.lm_head, hidden.to(self.dtype)).float()
+        if c.logit_scale != 1.0:
+            logits.mul_(c.logit_scale)
+        if c.final_softcap is not None:
+            logits = torch.tanh(logits / c.final_softcap).mul_(c.final_softcap)
+        return logits
+
+
+def native_block(config: ModelConfig, layers: list[LayerWeights]) -> bool:
+    """Whether the native CPU path computes this block: the Llama block, with
+    one RoPE base and one window for every layer."""
+    return (
+        config.activation == "silu"
+        and config.embedding_scale == 1.0
+        and config.residual_scale == 1.0
+        and config.attn_softcap is None
+        and len({config.layer_window(i) for i in range(config.num_hidden_layers)}) == 1
+        and config.local_rope_theta is None
+        and all(
+            layer.q_norm is None and layer.attn_out_norm is None and layer.ffn_out_norm is None for layer in layers
+        )
+    )
+
+
+class RopeTable:
+    """cos and sin of one set of rotation frequencies by position, grown on
+    demand to the longest position seen, so a model with a 128k context does
+    not pay for a table up front."""
+
+    def __init__(self, inv_freq: torch.Tensor) -> None:
+        self.inv_freq = inv_freq
+        self.length = 0
+        self.cos = self.sin = torch.empty(0)
+
+    def through(self, max_position: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        if max_position >= self.length:
+            length = max(2 * self.length, max_position + 1, 256)
+            pos = torch.arange(length, dtype=torch.float32, device=self.inv_freq.device)
+            freqs = torch.outer(pos, self.inv_freq)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            self.cos, self.sin = emb.cos().to(dtype), emb.sin().to(dtype)
+            self.length = length
+        return self.cos, self.sin
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int) -> torch.Tensor:
