@@ -76,8 +76,11 @@ def _sdist(log) -> Path:
     cache_root().mkdir(parents=True, exist_ok=True)
     log(f"downloading the llama-cpp-python {VERSION} sdist from PyPI")
     done = subprocess.run(
+        # pip reads an sdist's metadata by building it, in an isolated
+        # environment of its own build backend (scikit-build-core, fetched
+        # from PyPI too): --no-build-isolation would need that in this venv.
         [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
-         "--no-build-isolation", f"llama-cpp-python=={VERSION}", "-d", str(cache_root())],
+         f"llama-cpp-python=={VERSION}", "-d", str(cache_root())],
         capture_output=True, text=True,
     )
     found = sorted(cache_root().glob(f"llama_cpp_python-{VERSION}.tar.gz"))

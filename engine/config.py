@@ -90,7 +90,7 @@ class EngineConfig:
 
     model: str | Path = _option(
         "default", group=GROUP_MODEL, metavar="PATH",
-        help="a Hugging Face Llama-family folder (config.json, *.safetensors, tokenizer.json), "
+        help="a Hugging Face model folder (config.json, *.safetensors, tokenizer.json) of a family Tandem runs, "
         "a .gguf file (imported once), or 'default' for the bundled SmolLM2-135M-Instruct",
     )
     device: str = _option(

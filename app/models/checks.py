@@ -42,6 +42,7 @@ from engine.formats.safetensors import FLOAT_DTYPES, read_headers, weight_files
 from engine.formats.weight_memory import ModelShape, QuantizedWeights
 from engine.formats.weight_names import EMBEDDING_NAME, IGNORED_WEIGHT_SUFFIX, LM_HEAD_NAME, expected_weights, is_model_weight
 from engine.model.config import ModelConfig, read_config_json
+from engine.model.families import Family, for_gguf_architecture, for_model_type
 
 if TYPE_CHECKING:
     from engine.formats.gguf.reader import GGUFHeader
@@ -231,12 +232,19 @@ def _check_tensors(folder: Path, config: ModelConfig, headers: Headers) -> None:
         )
 
 
-def architecture_label(raw_config: dict[str, Any], model_type: str) -> str:
-    """'llama (LlamaForCausalLM)'."""
-    archs = raw_config.get("architectures")
-    if isinstance(archs, list) and archs and isinstance(archs[0], str):
-        return f"{model_type} ({archs[0]})"
-    return model_type
+def architecture_label(model_type: str) -> str:
+    """The family a folder's config.json model_type runs as, and that name:
+    'Gemma 3 (gemma3_text)'."""
+    return _family_label(for_model_type(model_type), model_type)
+
+
+def gguf_architecture_label(architecture: str) -> str:
+    """The same for a GGUF file's general.architecture: 'Gemma 3 (gemma3)'."""
+    return _family_label(for_gguf_architecture(architecture), architecture)
+
+
+def _family_label(family: Family | None, name: str) -> str:
+    return f"{family.title} ({name})" if family is not None else name
 
 
 def size_on_disk(path: Path) -> int:
@@ -277,6 +285,11 @@ class GGUFSummary:
     def architecture(self) -> str:
         return self.header.architecture
 
+    @property
+    def family(self) -> Family | None:
+        """The family the file imports as; None for an architecture Tandem does not import."""
+        return for_gguf_architecture(self.architecture)
+
     def arch_value(self, key: str, default: Any = None) -> Any:
         return self.header.arch_value(key, default)
 
@@ -299,14 +312,16 @@ class GGUFSummary:
 
     def kept_formats(self) -> QuantizedWeights:
         """The weights the GGUF importer keeps block-quantized when it
-        imports this file (engine/formats/gguf/tables.py `stored_format`)."""
+        imports this file (engine/formats/gguf/tables.py `stored_format`);
+        none for a file of an architecture Tandem does not import."""
         from engine.formats.gguf.tables import hf_tensor_name, stored_format
 
         formats: dict[str, str] = {}
         shapes: dict[str, tuple[int, ...]] = {}
+        family = self.family
         for name, tensor in self.header.tensors.items():
             fmt = stored_format(name, tensor.type, tensor.dims)
-            hf_name = hf_tensor_name(name)
+            hf_name = None if family is None else hf_tensor_name(name, family)
             if fmt is None or hf_name is None:
                 continue
             formats[hf_name] = fmt
@@ -315,11 +330,11 @@ class GGUFSummary:
 
     def shape(self) -> ModelShape:
         """The memory-relevant shape of the model this file imports into."""
-        from engine.formats.gguf.tables import hf_tensor_name
+        from engine.formats.gguf.tables import GLOBAL_TENSORS
 
         counts: Counter[str] = Counter()
         for name, tensor in self.header.tensors.items():
-            hf_name = hf_tensor_name(name)
+            hf_name = GLOBAL_TENSORS.get(name)
             if hf_name == EMBEDDING_NAME:
                 counts["embedding"] += tensor.n_elements
             elif hf_name == LM_HEAD_NAME:

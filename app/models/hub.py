@@ -2,8 +2,8 @@
 
 `search_models(text)` asks the Hub (HF_ENDPOINT, a mirror or a company proxy
 included, with HF_TOKEN) for model repositories and keeps those Tandem runs:
-Llama-family architectures (engine/model/config.py SUPPORTED_MODEL_TYPES)
-stored as GGUF files or as a safetensors folder. `repo_files(repo_id)` lists a
+the architectures of its model families (engine/model/families) stored as
+GGUF files or as a safetensors folder. `repo_files(repo_id)` lists a
 repository's downloadable choices — each GGUF quantization, or the
 safetensors folder as one choice — with sizes and the SHA-256 the Hub keeps
 for each large file. `assess_choices` says for each choice whether it fits
@@ -39,11 +39,15 @@ from urllib.parse import quote
 from app.models.errors import HubAccessError, HubError, HubOfflineError, ModelError
 from app.models.hub_http import hub_endpoint, hub_host, hub_read, shown
 from engine.errors import EngineError
+from engine.model.families import FAMILIES
 
 log = logging.getLogger(__name__)
 
-# engine/model/config.py SUPPORTED_MODEL_TYPES, and the GGUF architecture names that import to them.
-RUNNABLE_ARCHITECTURES = ("llama", "mistral", "qwen2")
+# What the Hub calls the models of each family Tandem runs (engine/model/families):
+# config.json model_types, GGUF architectures and the Hub's own tags.
+RUNNABLE_ARCHITECTURES = tuple(sorted({
+    name for family in FAMILIES for name in (*family.model_types, *family.gguf_architectures, *family.hub_tags)
+}))
 SORT_KEYS = {"downloads": "downloads", "recent": "lastModified", "likes": "likes"}
 
 # Files a safetensors folder needs beside its weights (the tokenizer and the chat template).

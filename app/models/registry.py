@@ -49,6 +49,7 @@ from app.models.checks import (
     architecture_label,
     check_model_folder,
     describe_model_folder,
+    gguf_architecture_label,
     read_gguf_summary,
     size_on_disk,
 )
@@ -180,7 +181,7 @@ class ModelRegistry:
             source = f"Model folder {display_path(entry.path)}"
             origin = ""
         return ModelDetails(
-            architecture=architecture_label(check.raw_config, check.config.model_type),
+            architecture=architecture_label(check.config.model_type),
             parameters=check.parameters,
             context_length=check.config.max_position_embeddings,
             dtype=check.storage_label(origin),
@@ -604,7 +605,7 @@ class ModelRegistry:
                 imported_size = size_on_disk(imported)
                 imported_from = f"from a {summary.main_type} GGUF"
                 return ModelDetails(
-                    architecture=architecture_label(check.raw_config, check.config.model_type),
+                    architecture=architecture_label(check.config.model_type),
                     parameters=check.parameters,
                     context_length=check.config.max_position_embeddings,
                     dtype=(
@@ -625,7 +626,7 @@ class ModelRegistry:
                     stored=check.stored,
                 )
         return ModelDetails(
-            architecture=summary.architecture,
+            architecture=gguf_architecture_label(summary.architecture),
             parameters=summary.parameters,
             context_length=int(summary.arch_value("context_length", 0)),
             dtype=f"{summary.main_type} (GGUF)",

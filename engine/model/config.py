@@ -32,7 +32,7 @@ from engine.formats.model_json import ModelJSONError, read_json_object, shown_va
 from engine.model import families
 from engine.model.families import SUPPORTED_MODEL_TYPES
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope", "yarn")
 
 # Upper bounds far above any real model (the largest dense models have ~130
 # layers, 128 heads, hidden sizes of 16k-25k and vocabularies of 256k), low
@@ -71,6 +71,18 @@ class RopeScaling:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    # LongRoPE (Phi-3.5, Phi-4-mini): per-frequency divisors. Which set
+    # applies is chosen once, as llama.cpp does, by the context the model is
+    # configured for (`long_factors_apply`), not per request as transformers
+    # does: a prefix-cached key must not change its rotation later.
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
+    # YaRN: the ramp between interpolated and extrapolated frequencies.
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    # What cos and sin are multiplied by (LongRoPE and YaRN scale attention).
+    attention_factor: float = 1.0
 
 
 @dataclass(slots=True, frozen=True)
@@ -110,6 +122,8 @@ class ModelConfig:
     sliding_layers: tuple[bool, ...] = ()
     # The RoPE base of the sliding layers, unscaled (Gemma 3); None: rope_theta.
     local_rope_theta: float | None = None
+    # The leading share of each head's dimensions that RoPE rotates (Phi-4-mini: 0.75).
+    partial_rotary_factor: float = 1.0
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> ModelConfig:
@@ -130,6 +144,11 @@ class ModelConfig:
         check_dimensions(raw, source)
         rope_theta, rope_scaling, sliding_window = _rope_and_window(raw, source)
         features = family.read_features(raw, source)
+        partial = _rope_params(raw)[0].get("partial_rotary_factor", raw.get("partial_rotary_factor"))
+        if partial is not None:
+            if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
+                raise _refusals(source, None)[1]("partial_rotary_factor", f"is {shown_value(partial)}, not in (0, 1]")
+            features["partial_rotary_factor"] = float(partial)
         local_theta = _local_rope_theta(raw, source)
         if local_theta is not None:
             features["local_rope_theta"] = local_theta
@@ -204,6 +223,11 @@ class ModelConfig:
         if self.local_rope_theta is not None and self.layer_window(layer) is not None:
             return self.local_rope_theta
         return self.rope_theta
+
+    @property
+    def rotary_dim(self) -> int:
+        """The leading dimensions of each head that RoPE rotates (even)."""
+        return int(self.head_dim * self.partial_rotary_factor) // 2 * 2
 
     @property
     def family_title(self) -> str:
@@ -337,7 +361,14 @@ def _rope_and_window(
             f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
         )
     scaling = RopeScaling()
-    if rope_type != "default":
+    original = params.get("original_max_position_embeddings") or raw.get("original_max_position_embeddings") \
+        or raw.get("max_position_embeddings", 8192)
+    original_key = f"{where}.original_max_position_embeddings"
+    if rope_type == "longrope" and params.get("factor") is None:
+        # Phi-3 derives it from the two context lengths.
+        maximum = raw.get("max_position_embeddings", original)
+        factor = max(1.0, maximum / original) if _is_whole(maximum) and _is_whole(original) and original else 1.0
+    elif rope_type != "default":
         factor = real(f"{where}.factor", params.get("factor", 1.0), MIN_ROPE_FACTOR, "a factor below 1 is no scaling")
     if rope_type in ("linear", "llama3"):
         low, high = scaling.low_freq_factor, scaling.high_freq_factor
@@ -347,14 +378,47 @@ def _rope_and_window(
             high = real(high_key, params.get("high_freq_factor", high), 0.0, "it divides the original context")
             if not 0 < low < high:
                 raise refuse(low_key, f"({low}) must be more than 0 and less than {high_key} ({high})")
-        original = params.get("original_max_position_embeddings") or raw.get("max_position_embeddings", 8192)
         scaling = RopeScaling(
             rope_type=rope_type,
             factor=factor,
             low_freq_factor=low,
             high_freq_factor=high,
-            original_max_position_embeddings=_positions(f"{where}.original_max_position_embeddings", original, refuse),
+            original_max_position_embeddings=_positions(original_key, original, refuse),
         )
+    elif rope_type in ("longrope", "yarn"):
+        original = _positions(original_key, original, refuse)
+        attention = params.get("attention_factor")
+        if rope_type == "longrope":
+            factors = {}
+            for name in ("short_factor", "long_factor"):
+                values = params.get(name)
+                if not isinstance(values, list) or len(values) > MAX_DIMENSION or not all(
+                    not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in values
+                ):
+                    raise refuse(f"{where}.{name}", "must be a list of positive numbers, one per rotated pair")
+                factors[name] = tuple(float(v) for v in values)
+            default_attention = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
+            scaling = RopeScaling(
+                rope_type=rope_type, factor=factor, original_max_position_embeddings=original,
+                short_factor=factors["short_factor"], long_factor=factors["long_factor"],
+                attention_factor=default_attention if attention is None else real(
+                    f"{where}.attention_factor", attention, 0.0, "it scales cos and sin"),
+            )
+        else:
+            mscale, mscale_all = params.get("mscale"), params.get("mscale_all_dim")
+            if attention is not None:
+                attention = real(f"{where}.attention_factor", attention, 0.0, "it scales cos and sin")
+            elif mscale and mscale_all:
+                attention = _yarn_mscale(factor, float(mscale)) / _yarn_mscale(factor, float(mscale_all))
+            else:
+                attention = _yarn_mscale(factor)
+            scaling = RopeScaling(
+                rope_type=rope_type, factor=factor, original_max_position_embeddings=original,
+                beta_fast=real(f"{where}.beta_fast", params.get("beta_fast") or 32.0, 0.0, "a rotation count"),
+                beta_slow=real(f"{where}.beta_slow", params.get("beta_slow") or 1.0, 0.0, "a rotation count"),
+                truncate=bool(params.get("truncate", True)),
+                attention_factor=attention,
+            )
 
     window: Any = raw.get("sliding_window")
     if raw.get("model_type") in ("qwen2", "qwen3") and not raw.get("use_sliding_window", False):
@@ -392,6 +456,27 @@ def _local_rope_theta(raw: Mapping[str, Any], source: str) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < MIN_ROPE_THETA:
         raise _refusals(source, None)[1](key, f"is {shown_value(value)}, not a finite number of at least {MIN_ROPE_THETA}")
     return float(value)
+
+
+def _yarn_frequencies(inv: list[float], dim: int, theta: float, scaling: RopeScaling) -> list[float]:
+    """YaRN (as transformers computes it): high frequencies kept, low ones
+    interpolated by the factor, a linear ramp between."""
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(scaling.original_max_position_embeddings / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction_dim(scaling.beta_fast), correction_dim(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    out = []
+    for i, f in enumerate(inv):
+        ramp = min(max((i - low) / (high - low), 0.0), 1.0)
+        extrapolation = 1 - ramp
+        out.append(f / scaling.factor * (1 - extrapolation) + f * extrapolation)
+    return out
 
 
 _Refuse = Callable[[str, str], InvalidModelConfigError]
@@ -442,15 +527,41 @@ def _int_tuple(value: Any) -> tuple[int, ...]:
     return (int(value),)
 
 
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def long_factors_apply(cfg: ModelConfig) -> bool:
+    """Whether LongRoPE's long factors rotate every position: the model is
+    configured for more context than it was pretrained with (llama.cpp's
+    rule; transformers switches per request, which a prefix cache cannot)."""
+    return cfg.max_position_embeddings > cfg.rope_scaling.original_max_position_embeddings
+
+
+def rope_attention_factor(cfg: ModelConfig, layer: int = 0) -> float:
+    """What layer `layer`'s cos and sin are multiplied by."""
+    return 1.0 if cfg.layer_rope_theta(layer) != cfg.rope_theta else cfg.rope_scaling.attention_factor
+
+
 def rope_inverse_frequencies(cfg: ModelConfig, layer: int = 0) -> list[float]:
-    """Per-pair rotation frequencies of layer `layer`, with the config's RoPE
-    scaling applied (not to a sliding layer's own base, as Gemma 3 has it)."""
-    dim = cfg.head_dim
+    """Per-pair rotation frequencies of layer `layer` (rotary_dim / 2 of
+    them), with the config's RoPE scaling applied (not to a sliding layer's
+    own base, as Gemma 3 has it)."""
+    dim = cfg.rotary_dim
     theta = cfg.layer_rope_theta(layer)
     inv = [1.0 / (theta ** (i / dim)) for i in range(0, dim, 2)]
     if theta != cfg.rope_theta:
         return inv
     scaling = cfg.rope_scaling
+    if scaling.rope_type == "longrope":
+        factors = scaling.long_factor if long_factors_apply(cfg) else scaling.short_factor
+        if len(factors) != len(inv):
+            raise InvalidModelConfigError(
+                f"LongRoPE has {len(factors)} factors for {len(inv)} rotated pairs; the model's config is inconsistent."
+            )
+        return [f / factor for f, factor in zip(inv, factors)]
+    if scaling.rope_type == "yarn":
+        return _yarn_frequencies(inv, dim, theta, scaling)
     if scaling.rope_type == "linear":
         return [f / scaling.factor for f in inv]
     if scaling.rope_type == "llama3":

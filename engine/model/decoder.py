@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from engine.kernels import native
 from engine.model.attention import AttentionMetadata, paged_attention
-from engine.model.config import ModelConfig, rope_inverse_frequencies
+from engine.model.config import ModelConfig, rope_attention_factor, rope_inverse_frequencies
 from engine.model.kv_cache import KVCache
 from engine.model.linear import Linear
 from engine.model.quant import ConcatLinear, QuantizedTensor, QuantLinear, take_rows
@@ -47,6 +47,9 @@ Product = Linear | QuantLinear | ConcatLinear
 # decode batch in one tile (so B=16 pays nothing); a single sequence pays for
 # 16 rows (see docs/benchmarks.md for the measured cost).
 ROW_TILE = 16
+
+# The native path's input operation of the down product, by activation.
+_GATED_INPUT = {"silu": "swiglu", "gelu_tanh": "geglu"}
 
 _NORMS = ("input_norm", "post_norm", "q_norm", "k_norm", "attn_out_norm", "ffn_out_norm")
 
@@ -108,18 +111,20 @@ class DecoderModel:
         self.layer_windows = [config.layer_window(i) for i in range(config.num_hidden_layers)]
         # One rotation table per distinct set of frequencies (Gemma 3's
         # sliding layers have their own base): layer -> index into _rope.
-        frequencies: list[list[float]] = []
+        rotations: list[tuple[list[float], float]] = []
         self._layer_rope: list[int] = []
         for index in range(config.num_hidden_layers):
-            inv = rope_inverse_frequencies(config, index)
-            if inv not in frequencies:
-                frequencies.append(inv)
-            self._layer_rope.append(frequencies.index(inv))
-        self._rope = [RopeTable(torch.tensor(inv, dtype=torch.float32, device=self.device)) for inv in frequencies]
+            rotation = (rope_inverse_frequencies(config, index), rope_attention_factor(config, index))
+            if rotation not in rotations:
+                rotations.append(rotation)
+            self._layer_rope.append(rotations.index(rotation))
+        self._rope = [
+            RopeTable(torch.tensor(inv, dtype=torch.float32, device=self.device), factor) for inv, factor in rotations
+        ]
         self.batch_invariant = False
         # Whether steps may run the native CPU path (_forward_native): every
-        # product quantized, on the CPU, and a block the native path computes.
-        self.native_forward = self.device.type == "cpu" and native_block(config, layers) and all(
+        # product quantized, on the CPU.
+        self.native_forward = self.device.type == "cpu" and all(
             isinstance(p, QuantLinear)
             for layer in layers
             for p in (layer.qkv, layer.o, layer.gate_up, layer.down)
@@ -165,13 +170,12 @@ class DecoderModel:
         c = self.config
         tables = self._rope_tables(max_position)
         if isinstance(meta, AttentionMetadata) and meta.native:
-            cos_table, sin_table = tables[0]
-            return self._forward_native(input_ids, positions, meta, cache, cos_table, sin_table)
+            return self._forward_native(input_ids, positions, meta, cache, tables)
         rotations = [
             (cos.index_select(0, positions).unsqueeze(1), sin.index_select(0, positions).unsqueeze(1))
             for cos, sin in tables
         ]
-        half = c.head_dim // 2
+        rotary = c.rotary_dim
         num_tokens = input_ids.shape[0]
         eps = c.rms_norm_eps
         norm_shape, head_shape = (c.hidden_size,), (c.head_dim,)
@@ -196,7 +200,7 @@ class DecoderModel:
                 qk = torch.cat((q, k), dim=1)
             # q and k heads rotate together: one set of elementwise ops, not two.
             cos, sin = rotations[self._layer_rope[index]]
-            qk = _rotate(qk, cos, sin, half)
+            qk = _rotate(qk, cos, sin, rotary)
             q, k = qk.split((heads, kv_heads), dim=1)
             v = v.view(num_tokens, kv_heads, c.head_dim)
             layer_meta = meta.sliding if self.layer_windows[index] is not None and meta.sliding is not None else meta
@@ -223,14 +227,15 @@ class DecoderModel:
         positions: torch.Tensor,
         meta: AttentionMetadata,
         cache: KVCache,
-        cos_table: torch.Tensor,
-        sin_table: torch.Tensor,
+        tables: list[tuple[torch.Tensor, torch.Tensor]],
     ) -> torch.Tensor:
         """forward() with every product quantized, on the native CPU kernels:
-        five calls per layer whatever the step holds (norm + q/k/v, RoPE +
-        KV write, attention, o + residual, norm + gate/up, SwiGLU + down +
-        residual) instead of ~45 torch ops, whose fixed costs are most of a
-        one-sequence step.
+        six calls per layer whatever the step holds and whatever the family
+        (norm + q/k/v; q/k head norms + (partial) RoPE + KV write; attention
+        over the layer's window, soft-capped; o + output norm + scale +
+        residual; norm + gate/up; SwiGLU or GeGLU + down + output norm +
+        scale + residual) instead of ~45 torch ops, whose fixed costs are
+        most of a one-sequence step.
 
         Every row is computed alone in one fixed order, in the products
         (QuantLinear) as in attention (paged_attention.c, the same code for a
@@ -242,28 +247,38 @@ class DecoderModel:
             x = take_rows(self.embed, input_ids)
         else:
             x = F.embedding(input_ids, self.embed).float()
+        if c.embedding_scale != 1.0:
+            x = x * c.embedding_scale
         x = x.contiguous()
         tokens = x.shape[0]
         first = self.layers[0]
         qkv = x.new_empty(tokens, first.qkv.out_features)
         attn = x.new_empty(tokens, self._q_size)
         gate_up = x.new_empty(tokens, first.gate_up.out_features)
-        eps = c.rms_norm_eps
-        heads, kv_heads, head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        eps, residual_scale, softcap = c.rms_norm_eps, c.residual_scale, c.attn_softcap
+        gated = _GATED_INPUT[c.activation]
+        heads, kv_heads, head_dim, rotary_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rotary_dim
         assert meta.page_table is not None and meta.row_table is not None
         for index, layer in enumerate(self.layers):
             k_layer, v_layer = cache.k[index], cache.v[index]
+            cos_table, sin_table = tables[self._layer_rope[index]]
             layer.qkv.product_into(x, qkv, input_op="rms_norm", norm_weight=layer.input_norm, eps=eps)
             native.rope_write_kv(
-                qkv, heads, kv_heads, head_dim, cos_table, sin_table, positions, k_layer, v_layer, meta.write_index
+                qkv, heads, kv_heads, head_dim, cos_table, sin_table, positions, k_layer, v_layer, meta.write_index,
+                q_norm=layer.q_norm, k_norm=layer.k_norm, eps=eps, rotary_dim=rotary_dim,
             )
             native.paged_attention(
                 qkv, heads, kv_heads, head_dim, positions, meta.row_table, meta.page_table, k_layer, v_layer,
-                cache.page_size, self.layer_windows[index], self.scale, attn,
+                cache.page_size, self.layer_windows[index], self.scale, attn, softcap=softcap,
             )
-            layer.o.product_into(attn, x, accumulate=True)
+            layer.o.product_into(
+                attn, x, accumulate=True, out_norm=layer.attn_out_norm, out_scale=residual_scale, eps=eps
+            )
             layer.gate_up.product_into(x, gate_up, input_op="rms_norm", norm_weight=layer.post_norm, eps=eps)
-            layer.down.product_into(gate_up, x, input_op="swiglu", accumulate=True)
+            layer.down.product_into(
+                gate_up, x, input_op=gated, accumulate=True, out_norm=layer.ffn_out_norm, out_scale=residual_scale,
+                eps=eps,
+            )
         return F.rms_norm(x, (c.hidden_size,), self.norm, eps)
 
     @torch.inference_mode()
@@ -278,29 +293,14 @@ class DecoderModel:
         return logits
 
 
-def native_block(config: ModelConfig, layers: list[LayerWeights]) -> bool:
-    """Whether the native CPU path computes this block: the Llama block, with
-    one RoPE base and one window for every layer."""
-    return (
-        config.activation == "silu"
-        and config.embedding_scale == 1.0
-        and config.residual_scale == 1.0
-        and config.attn_softcap is None
-        and len({config.layer_window(i) for i in range(config.num_hidden_layers)}) == 1
-        and config.local_rope_theta is None
-        and all(
-            layer.q_norm is None and layer.attn_out_norm is None and layer.ffn_out_norm is None for layer in layers
-        )
-    )
-
-
 class RopeTable:
-    """cos and sin of one set of rotation frequencies by position, grown on
-    demand to the longest position seen, so a model with a 128k context does
-    not pay for a table up front."""
+    """cos and sin of one set of rotation frequencies by position (times the
+    scaling's attention factor), grown on demand to the longest position
+    seen, so a model with a 128k context does not pay for a table up front."""
 
-    def __init__(self, inv_freq: torch.Tensor) -> None:
+    def __init__(self, inv_freq: torch.Tensor, attention_factor: float = 1.0) -> None:
         self.inv_freq = inv_freq
+        self.attention_factor = attention_factor
         self.length = 0
         self.cos = self.sin = torch.empty(0)
 
@@ -310,7 +310,10 @@ class RopeTable:
             pos = torch.arange(length, dtype=torch.float32, device=self.inv_freq.device)
             freqs = torch.outer(pos, self.inv_freq)
             emb = torch.cat((freqs, freqs), dim=-1)
-            self.cos, self.sin = emb.cos().to(dtype), emb.sin().to(dtype)
+            cos, sin = emb.cos(), emb.sin()
+            if self.attention_factor != 1.0:
+                cos, sin = cos * self.attention_factor, sin * self.attention_factor
+            self.cos, self.sin = cos.to(dtype), sin.to(dtype)
             self.length = length
         return self.cos, self.sin
 
@@ -319,9 +322,15 @@ def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int) -> torch.Tensor:
-    # Hugging Face's "rotate half" RoPE layout (the GGUF importer undoes
-    # llama.cpp's interleaved permutation so every checkpoint arrives this way).
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int) -> torch.Tensor:
+    """RoPE on the leading rotary_dim dimensions of each head (all of them
+    but for partial rotary, as Phi-4-mini has it); the rest pass through.
+
+    Hugging Face's "rotate half" layout (the GGUF importer undoes llama.cpp's
+    interleaved permutation so every checkpoint arrives this way)."""
+    if rotary_dim != x.shape[-1]:
+        return torch.cat((_rotate(x[..., :rotary_dim], cos, sin, rotary_dim), x[..., rotary_dim:]), dim=-1)
+    half = rotary_dim // 2
     x1 = x[..., :half]
     x2 = x[..., half:]
     rotated = torch.cat((-x2, x1), dim=-1)

@@ -349,18 +349,25 @@ class QuantLinear:
         norm_weight: torch.Tensor | None = None,
         eps: float = 0.0,
         accumulate: bool = False,
+        out_norm: torch.Tensor | None = None,
+        out_scale: float = 1.0,
     ) -> None:
-        """out (+)= op(x) @ W.T + bias, float32 rows, in place: op is None,
-        "rms_norm" (times norm_weight) or "swiglu" (x holds gate then up);
-        with `accumulate` the product is added to out (a residual stream).
-        The steps of DecoderModel's native path are these calls."""
+        """out (+)= out_scale * out_op(op(x) @ W.T + bias), float32 rows, in
+        place: op is None, "rms_norm" (times norm_weight), "swiglu" or
+        "geglu" (x holds gate then up); out_op an RMSNorm times out_norm
+        where that is given (eps is both norms'); with `accumulate` the
+        result is added to out (a residual stream). The steps of
+        DecoderModel's native path are these calls."""
         if x.stride(1) != 1:
             x = x.contiguous()
         if self._bound is None:
             w = self.weight
             self._bound = native.BoundProduct(w.format, w.data, w.scales, w.mins, self.bias, self.out_features)
         norm = None if norm_weight is None else norm_weight.data_ptr()
-        self._bound(x, out, torch.get_num_threads(), native.INPUT_OPS[input_op], norm, eps, accumulate)
+        after = None if out_norm is None else out_norm.data_ptr()
+        self._bound(
+            x, out, torch.get_num_threads(), native.INPUT_OPS[input_op], norm, eps, accumulate, after, out_scale
+        )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)

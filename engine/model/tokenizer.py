@@ -13,6 +13,7 @@ template's own markers become control tokens (see `encode_chat`).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import secrets
@@ -29,6 +30,7 @@ import jinja2.runtime
 import tokenizers
 from jinja2.exceptions import SecurityError, TemplateSyntaxError
 
+from engine import reasoning
 from engine.errors import PromptError, TokenizerError
 from engine.formats.model_json import ModelJSONError, read_json_object, read_model_file
 from engine.model.template_sandbox import BoundedSandbox, TemplateLimitError, render_bounded, render_limits
@@ -45,6 +47,10 @@ CHATML_FALLBACK_TEMPLATE = (
 
 # A reply no template rewrites; what a template puts right after it is its end-of-turn marker.
 _PROBE_REPLY = "Tandem probe reply"
+# A system prompt and a user message: what a template puts between them tells
+# whether the model has a system turn of its own.
+_PROBE_SYSTEM = "Tandem probe system prompt"
+_PROBE_USER = "Tandem probe user message"
 
 # The longest text one token may stand for, in the vocabulary or added: real
 # vocabularies' longest are ~100-250 characters (runs of spaces or dashes).
@@ -93,6 +99,12 @@ class Tokenizer:
             token_id: token.content for token_id, token in backend.get_added_tokens_decoder().items() if token.special
         }
         self._special_ids = frozenset(special_added)
+        # Tokens a template marks turns with: the special ones, and added ones
+        # that are not whitespace (a GGUF file may type Gemma's <end_of_turn>
+        # as user-defined, not control; llama.cpp then treats it as control).
+        self._marker_ids = self._special_ids | {
+            token_id for token_id, token in backend.get_added_tokens_decoder().items() if token.content.strip()
+        }
         # The special tokens' strings, longest first: where one of them appears
         # inside a message it is kept apart from the template's own markers.
         strings = sorted(set(special_added.values()), key=len, reverse=True)
@@ -108,6 +120,9 @@ class Tokenizer:
         self._auto_bos_id = self.bos_token_id if add_bos_token else None
 
         self.has_chat_template: bool = bool(chat_template)
+        # The model's own template (None: the ChatML fallback), for what it says
+        # about reasoning (engine.reasoning: think blocks, the thinking switch).
+        self.chat_template_source: str | None = chat_template or None
         try:
             self._template = _SANDBOX.from_string(chat_template or CHATML_FALLBACK_TEMPLATE)
         except TemplateSyntaxError as exc:
@@ -116,6 +131,10 @@ class Tokenizer:
                 "Fix or remove the chat template in its tokenizer_config.json or chat_template.jinja."
             ) from exc
 
+        # Whether render_chat folds a system prompt into the first user message
+        # itself, because the template refuses a system role (Gemma 2's); probed below.
+        self._refuses_system_role = False
+
         # Render probe conversations now: a template that is broken or runs
         # past its limits is refused when the model loads, not at the first prompt.
         named_eos_ids = (self._token_id(special_tokens.get("eos_token")), self._end_of_turn_token_id())
@@ -123,6 +142,10 @@ class Tokenizer:
             self.render_chat([{"role": "user", "content": "Hi"}], add_generation_prompt=True)
         except PromptError:
             pass  # the template rejects this conversation; it is not broken
+        self._refuses_system_role, template_folds = self._probe_system_role()
+        # Whether a system prompt reaches the model inside a user message: the
+        # model has no system turn (Gemma 2 and 3, Mistral); the window says so.
+        self.folds_system_prompt: bool = self._refuses_system_role or template_folds
         self.eos_token_ids: frozenset[int] = frozenset(
             [*extra_eos_token_ids, *(token_id for token_id in named_eos_ids if token_id is not None)]
         )
@@ -197,16 +220,32 @@ class Tokenizer:
         """Whether the id is a special token, i.e. one `decode` skips when asked to."""
         return token_id in self._special_ids
 
-    def render_chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
+    def render_chat(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        add_generation_prompt: bool = True,
+        *,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
         """The prompt text of a conversation, through the model's chat template.
+
+        `template_kwargs`: further variables for the template (Qwen3's
+        `enable_thinking`), as transformers' `apply_chat_template(**kwargs)`;
+        they cannot replace the ones named here.
+
+        Where the template refuses a system role, a leading system message is
+        folded into the first user message first (see `fold_system_prompt`).
 
         Raises PromptError when there are no messages or the template rejects the
         conversation, TokenizerError when the template itself is broken or unsafe.
         """
         if not messages:
             raise PromptError("A chat prompt needs at least one message.")
+        if self._refuses_system_role:
+            messages = fold_system_prompt(messages)
         input_chars = sum(len(value) for message in messages for value in message.values() if isinstance(value, str))
         variables = {
+            **(template_kwargs or {}),
             "messages": [dict(message) for message in messages],
             "add_generation_prompt": add_generation_prompt,
             # transformers always passes these, and templates test them with `is none`.
@@ -234,12 +273,24 @@ class Tokenizer:
                 "Fix or replace the model's chat template."
             ) from exc
 
+    @functools.cached_property
+    def drops_reasoning(self) -> bool:
+        """Whether the chat template leaves earlier replies' reasoning out of a
+        prompt by itself (Qwen3's and the R1 distills' do); tried once on a probe."""
+        if not reasoning.template_reasons(self.chat_template_source):
+            return False
+        try:
+            return reasoning.template_drops_reasoning(lambda messages: self.render_chat(messages, False))
+        except PromptError:
+            return False
+
     def encode_chat(
         self,
         messages: Sequence[Mapping[str, str]],
         add_generation_prompt: bool = True,
         *,
         parse_special_in_content: bool = False,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
         """Token ids of a rendered conversation, starting with exactly one BOS where the model wants one.
 
@@ -253,7 +304,7 @@ class Tokenizer:
         `parse_special_in_content=True` reads them as control tokens instead
         (the old behaviour, for callers that send pre-formatted turns).
         """
-        segments = self._render_segments(messages, add_generation_prompt, parse_special_in_content)
+        segments = self._render_segments(messages, add_generation_prompt, parse_special_in_content, template_kwargs)
         ids = self._encode_segments(segments)
         if self._auto_bos_id is not None and ids[:1] != [self._auto_bos_id]:
             ids.insert(0, self._auto_bos_id)
@@ -265,6 +316,7 @@ class Tokenizer:
         messages: Sequence[Mapping[str, str]],
         *,
         parse_special_in_content: bool = False,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
         """Prompt ids for the next turn: `history_ids` (the conversation so far,
         exactly as fed and generated) followed by the ids of what the template
@@ -278,15 +330,21 @@ class Tokenizer:
         fewer cache hits, but the prompt the model would expect. Message text
         stays text, as in `encode_chat`.
         """
-        segments = self._render_segments(messages, True, parse_special_in_content)
+        segments = self._render_segments(messages, True, parse_special_in_content, template_kwargs)
         rendered = "".join(text for text, _ in segments)
         kept = self.decode(history_ids, skip_special_tokens=False)
         if history_ids and kept and rendered.startswith(kept):
             return list(history_ids) + self._encode_segments(_segments_after(segments, len(kept)))
-        return self.encode_chat(messages, parse_special_in_content=parse_special_in_content)
+        return self.encode_chat(
+            messages, parse_special_in_content=parse_special_in_content, template_kwargs=template_kwargs
+        )
 
     def _render_segments(
-        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool, parse_special: bool
+        self,
+        messages: Sequence[Mapping[str, str]],
+        add_generation_prompt: bool,
+        parse_special: bool,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[tuple[str, bool]]:
         """The rendered conversation as (text, is_message_special_text) pieces.
 
@@ -297,7 +355,7 @@ class Tokenizer:
         """
         pattern = self._special_text
         if parse_special or pattern is None:
-            return [(self.render_chat(messages, add_generation_prompt), False)]
+            return [(self.render_chat(messages, add_generation_prompt, template_kwargs=template_kwargs), False)]
         hidden: list[str] = []
         nonce = secrets.token_hex(8)
 
@@ -311,8 +369,8 @@ class Tokenizer:
             for message in messages
         ]
         if not hidden:
-            return [(self.render_chat(messages, add_generation_prompt), False)]
-        rendered = self.render_chat(protected, add_generation_prompt)
+            return [(self.render_chat(messages, add_generation_prompt, template_kwargs=template_kwargs), False)]
+        rendered = self.render_chat(protected, add_generation_prompt, template_kwargs=template_kwargs)
         parts = re.split(f"\ue000{nonce}:(\\d+)\ue001", rendered)
         if any(nonce in part for part in parts[::2]):
             raise PromptError(
@@ -367,7 +425,49 @@ class Tokenizer:
         if not found:
             return None
         ids = self._backend.encode(after_reply.lstrip(), add_special_tokens=False).ids
-        return ids[0] if ids and ids[0] in self._special_ids else None
+        return ids[0] if ids and ids[0] in self._marker_ids else None
+
+    def _probe_system_role(self) -> tuple[bool, bool]:
+        """(whether the template refuses a system message, whether it puts one
+        inside the user's turn itself), from a system + user probe.
+
+        A template that refuses one (Gemma 2's raises "System role not
+        supported") is given it folded the way Gemma 3's template folds it,
+        where the folded conversation renders. Gemma 3's and Mistral's put the
+        system text in a user message: no marker token between it and the user's.
+        """
+        probe = [{"role": "system", "content": _PROBE_SYSTEM}, {"role": "user", "content": _PROBE_USER}]
+        try:
+            rendered = self.render_chat(probe)
+        except PromptError:
+            try:
+                self.render_chat(fold_system_prompt(probe))
+            except PromptError:
+                return False, False
+            return True, False
+        _, found_system, after_system = rendered.partition(_PROBE_SYSTEM)
+        between, found_user, _ = after_system.partition(_PROBE_USER)
+        if not (found_system and found_user):
+            return False, False
+        ids = self._backend.encode(between, add_special_tokens=False).ids
+        return False, not self._marker_ids.intersection(ids)
+
+
+def fold_system_prompt(messages: Sequence[Mapping[str, Any]]) -> Sequence[Mapping[str, Any]]:
+    """A leading system message folded into the first user message, "system\n\nuser",
+    as Gemma 3's template folds it, for a template that refuses a system role.
+    With no user message after it, it becomes a user message itself."""
+    if not messages or messages[0].get("role") != "system" or not isinstance(messages[0].get("content"), str):
+        return messages
+    system = messages[0]["content"]
+    first_user = next((index for index, message in enumerate(messages) if message.get("role") == "user"), None)
+    if first_user is None:
+        return [{**messages[0], "role": "user"}, *messages[1:]]
+    user = messages[first_user]
+    if not isinstance(user.get("content"), str):
+        return messages
+    folded = {**user, "content": f"{system}\n\n{user['content']}"}
+    return [*messages[1:first_user], folded, *messages[first_user + 1 :]]
 
 
 def _segments_after(segments: Sequence[tuple[str, bool]], start: int) -> list[tuple[str, bool]]:

@@ -52,9 +52,6 @@ def kernel_paged_attention(
     """q: [T, Hq, D]; k, v: [T, Hkv, D]. Returns [T, Hq*D], like engine.model.attention."""
     from engine.kernels.triton import attention as kernels
 
-    if softcap is not None:
-        raise NotImplementedError("the Triton attention kernels do not soft-cap scores")
-
     num_tokens, num_heads, head_dim = q.shape
     k_layer = cache.k[layer]
     v_layer = cache.v[layer]
@@ -66,7 +63,7 @@ def kernel_paged_attention(
             q[: meta.num_decode], k_layer, v_layer,
             meta.decode_block_table, meta.decode_seq_lens, scale,
             num_kv_heads=meta.num_kv_heads, window=meta.window,
-            num_splits=meta.num_splits, out=out,
+            num_splits=meta.num_splits, softcap=softcap, out=out,
         )
     if meta.prefill_block_table is not None:
         assert meta.prefill_query_start is not None
@@ -75,6 +72,6 @@ def kernel_paged_attention(
             q, k_layer, v_layer, meta.prefill_block_table,
             meta.prefill_query_start, meta.prefill_query_len, meta.prefill_context_len,
             meta.max_prefill_len, scale,
-            num_kv_heads=meta.num_kv_heads, window=meta.window, out=out,
+            num_kv_heads=meta.num_kv_heads, window=meta.window, softcap=softcap, out=out,
         )
     return out

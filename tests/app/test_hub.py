@@ -134,6 +134,25 @@ def test_search_keeps_what_tandem_runs_sorted_with_details(hub: FakeHub) -> None
     assert search_models("nothing-matches") == []
 
 
+def test_search_lists_every_family_tandem_runs(hub: FakeHub) -> None:
+    # Named by a GGUF architecture, a config.json model_type, or only by a tag.
+    hub.add(FakeRepo("g/gemma-3-1b-it-GGUF", {"m.gguf": b"x"}, tags=["gguf"], gguf={"architecture": "gemma3"}))
+    hub.add(FakeRepo("q/Qwen3-0.6B", {"model.safetensors": b"x"}, tags=["safetensors"],
+                     config={"model_type": "qwen3"}))
+    hub.add(FakeRepo("i/granite-3.3-2b-instruct", {"model.safetensors": b"x"}, tags=["safetensors", "granite"]))
+    hub.add(FakeRepo("g/gemma-2-2b-it", {"model.safetensors": b"x"}, tags=["safetensors"],
+                     config={"model_type": "gemma2"}))
+    hub.add(FakeRepo("s/mamba-130m", {"model.safetensors": b"x"}, tags=["safetensors"],
+                     config={"model_type": "mamba"}))
+    found = {m.repo_id: m.architecture for m in search_models("-")}
+    assert {repo: found.get(repo) for repo in (
+        "g/gemma-3-1b-it-GGUF", "q/Qwen3-0.6B", "i/granite-3.3-2b-instruct", "g/gemma-2-2b-it", "s/mamba-130m"
+    )} == {
+        "g/gemma-3-1b-it-GGUF": "gemma3", "q/Qwen3-0.6B": "qwen3", "i/granite-3.3-2b-instruct": "granite",
+        "g/gemma-2-2b-it": "gemma2", "s/mamba-130m": None,
+    }
+
+
 def test_repo_files_lists_quantizations_and_the_folder_with_sizes_and_hashes(
     hub: FakeHub, model_files: dict[str, dict[str, bytes]]
 ) -> None:

@@ -102,7 +102,7 @@ def test_default_details_before_its_import_come_from_the_gguf_header(registry: M
     details = registry.details("default")
     assert details.path is None
     assert "imported on first use" in details.source
-    assert details.architecture == "llama"
+    assert details.architecture == "Llama (llama)"
     assert details.parameters == 134_515_008  # SmolLM2-135M
     assert details.context_length == 8192
     assert details.dtype == "Q4_1 (GGUF)"
@@ -121,7 +121,7 @@ def test_default_details_after_its_import_describe_the_imported_folder(
     # embedding's Q8_0 ones.
     assert details.dtype == "q4_1 + q8_0 blocks (from a Q4_1 GGUF)"
     assert details.quantized and details.stored.formats == ("q4_1", "q8_0")
-    assert details.architecture == "llama (LlamaForCausalLM)"
+    assert details.architecture == "Llama (llama)"
     # The GGUF header and the imported config describe the same model, and
     # the header predicts what the import keeps quantized.
     summary = read_gguf_summary(default_gguf_path())
@@ -151,7 +151,7 @@ def test_an_added_folder_is_checked_registered_and_kept(
     details = registry.details(entry.id)
     tensors = load_file(model_folder / "model.safetensors")
     assert details.parameters == sum(t.numel() for t in tensors.values())
-    assert details.architecture == "llama (LlamaForCausalLM)"
+    assert details.architecture == "Llama (llama)"
     assert (details.context_length, details.dtype) == (2048, "float32")
     assert details.size_on_disk_bytes == sum(p.stat().st_size for p in model_folder.iterdir())
 
@@ -408,19 +408,21 @@ def test_one_file_is_not_imported_twice_at_once(registry: ModelRegistry, tiny_gg
     assert [entry.id for entry in outcome] == ["tiny-chat-q8-0"] == user_ids(registry)
 
 
-def test_an_import_the_engine_could_not_run_is_removed_again(
+def test_a_yarn_gguf_imports_and_its_scaling_is_kept(
     registry: ModelRegistry, tmp_path: Path, data_dir: Path
 ) -> None:
-    # The importer converts YaRN scaling faithfully; engine/model/config.py does not run it.
+    # YaRN (Qwen2.5 / Qwen3 long-context files) was converted but refused by
+    # the engine until it ran it: the import now registers a usable model.
     path = tmp_path / "yarn.gguf"
     write_gguf(path, kv={
         "llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0,
         "llama.rope.scaling.original_context_length": 64,
     })
-    with pytest.raises(ModelNotSupportedError, match="converted, but the result cannot be used.*yarn"):
-        registry.import_gguf(path)
-    assert user_ids(registry) == []
-    assert leftovers(data_dir / "models") == []
+    entry = registry.import_gguf(path)
+    assert user_ids(registry) == [entry.id]
+    config = ModelConfig.from_folder(entry.path)
+    assert (config.rope_scaling.rope_type, config.rope_scaling.factor) == ("yarn", 4.0)
+    assert config.rope_scaling.original_max_position_embeddings == 64
 
 
 def test_garbage_is_not_a_gguf_file(registry: ModelRegistry, tmp_path: Path, data_dir: Path) -> None:

@@ -241,7 +241,9 @@ def write_gguf(
     if chat_template is not None:
         writer.add_chat_template(chat_template)
     for key, value in (kv or {}).items():
-        if isinstance(value, str):
+        if isinstance(value, bool):
+            writer.add_bool(key, value)
+        elif isinstance(value, str):
             writer.add_string(key, value)
         elif isinstance(value, float):
             writer.add_float32(key, value)
@@ -574,6 +576,17 @@ def test_byte_level_pre_tokenizers_match_transformers(tmp_path: Path, pre: str) 
     assert pieces == (["123", "45"] if pre == "llama-bpe" else ["1", "2", "3", "4", "5"])
 
 
+def test_tekken_splits_words_at_capitals_and_digits_one_by_one(tmp_path: Path) -> None:
+    # Mistral Nemo's pre-tokenizer (llama.cpp "tekken", its tokenizer.json's
+    # regex): "HelloWorld" is two words where Llama 3's split keeps one, and
+    # whole words come from the vocabulary ("xyz" has no merges).
+    vocab = byte_level_vocab(pre="tekken")
+    tokenizer = import_tokenizer(tmp_path, vocab)
+    pieces = [piece for piece, _ in tokenizer.pre_tokenizer.pre_tokenize_str("HelloWorld's 123 a/b\n")]
+    assert pieces == ["Hello", "World", "'s", byte_level(" "), "1", "2", "3", byte_level(" a"), "/b", byte_level("\n")]
+    assert tokenizer.encode("xyz").ids == [vocab.id("xyz")]
+
+
 def test_llama3_takes_whole_words_from_the_vocabulary(tmp_path: Path) -> None:
     # "xyz" has no merges; llama.cpp (and Llama 3's tokenizer.json, with
     # ignore_merges) still produce it whole.
@@ -627,6 +640,29 @@ def test_sentencepiece_never_builds_control_pieces_from_text(tmp_path: Path) -> 
     tokenizer = import_tokenizer(tmp_path, vocab)
     assert tokenizer.encode("x <PRE>", add_special_tokens=False).tokens == ["▁", "x", "▁<", "PRE>"]
     assert tokenizer.encode("x▁<PRE>", add_special_tokens=False).ids[-1] == vocab.id("▁<PRE>")
+
+
+def test_gemma_sentencepiece_adds_no_space_prefix_and_ends_turns(tmp_path: Path) -> None:
+    # Gemma's files (conversion/gemma.py): SentencePiece pieces with scores,
+    # add_space_prefix false, and <end_of_turn> ending a turn although eos is
+    # another token and no eot id is written.
+    vocab = sentencepiece_vocab()
+    pieces = ["the", "▁▁", "<start_of_turn>", "<end_of_turn>"]
+    vocab.tokens += pieces
+    vocab.types += [int(TokenType.NORMAL)] * 2 + [int(TokenType.CONTROL)] * 2
+    assert vocab.scores is not None
+    vocab.scores += [-3.5, -40.0, 0.0, 0.0]
+    write_gguf(tmp_path / "m.gguf", TinyModel(vocab=vocab), kv={"tokenizer.ggml.add_space_prefix": False})
+    folder = import_gguf(tmp_path / "m.gguf", tmp_path / "out")
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    text = "<start_of_turn>user\nthe cat  <end_of_turn>\n"
+    encoded = tokenizer.encode(text, add_special_tokens=False)
+    assert encoded.tokens == [
+        "<start_of_turn>", "u", "s", "er", "<0x0A>", "the", "▁cat", "▁▁", "<end_of_turn>", "<0x0A>",
+    ]
+    assert tokenizer.decode(encoded.ids, skip_special_tokens=False) == text
+    assert tokenizer.encode("the").tokens == ["<s>", "the"]
+    assert read_json(folder / "generation_config.json")["eos_token_id"] == [vocab.eos, vocab.id("<end_of_turn>")]
 
 
 def test_unknown_pre_tokenizer_is_refused(tmp_path: Path) -> None:
@@ -688,8 +724,11 @@ def test_unsupported_architecture(tmp_path: Path) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(UnsupportedModelError, match="architecture 'mamba'"):
+    with pytest.raises(UnsupportedModelError, match="architecture 'mamba'") as refused:
         import_gguf(tmp_path / "mamba.gguf", tmp_path / "out")
+    assert str(refused.value).endswith(
+        "Tandem imports these GGUF architectures: gemma2, gemma3, granite, llama, phi3, qwen2, qwen3."
+    )
 
 
 def test_unsupported_tensor_type_names_tensor_and_type(tmp_path: Path) -> None:

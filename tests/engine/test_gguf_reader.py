@@ -16,6 +16,7 @@ from engine.errors import GGUFFormatError, ModelLoadError, UnsupportedModelError
 from engine.formats.default_model import default_gguf_path
 from engine.formats.gguf.reader import SHORT_ARRAY, open_gguf, read_gguf_header
 from engine.formats.gguf.tables import hf_tensor_name, is_quantizable, kept_format, stored_format
+from engine.model.families import family_named
 from tests.engine.test_gguf_import import write_gguf
 
 
@@ -122,8 +123,15 @@ def test_the_tables_say_what_an_import_keeps() -> None:
     assert kept_format(Q.Q4_0) == "q4_0" and kept_format(Q.Q8_0) == "q8_0"
     assert kept_format(Q.Q4_K) == "q4_1" and kept_format(Q.Q6_K) == "q8_0"  # requantized
     assert kept_format(Q.F16) is None and kept_format(Q.BF16) is None
-    assert hf_tensor_name("blk.3.attn_q.weight") == "model.layers.3.self_attn.q_proj.weight"
-    assert hf_tensor_name("output.weight") == "lm_head.weight" and hf_tensor_name("blk.0.ffn_gate_exps.weight") is None
+    llama, gemma3 = family_named("llama"), family_named("gemma3")
+    assert hf_tensor_name("blk.3.attn_q.weight", llama) == "model.layers.3.self_attn.q_proj.weight"
+    assert hf_tensor_name("output.weight", llama) == "lm_head.weight"
+    assert hf_tensor_name("blk.0.ffn_gate_exps.weight", llama) is None
+    # The same GGUF kind is another module in another family; q/k norms only where the family has them.
+    assert hf_tensor_name("blk.1.ffn_norm.weight", llama) == "model.layers.1.post_attention_layernorm.weight"
+    assert hf_tensor_name("blk.1.ffn_norm.weight", gemma3) == "model.layers.1.pre_feedforward_layernorm.weight"
+    assert hf_tensor_name("blk.1.attn_q_norm.weight", gemma3) == "model.layers.1.self_attn.q_norm.weight"
+    assert hf_tensor_name("blk.1.attn_q_norm.weight", llama) is None
     assert is_quantizable("token_embd.weight") and not is_quantizable("blk.0.attn_norm.weight")
     assert not is_quantizable("blk.0.attn_q.bias")
     assert stored_format("blk.0.ffn_up.weight", Q.Q4_1, (64, 128)) == "q4_1"

@@ -298,6 +298,9 @@ def _mutated(mutations: list[tuple[int, bytes]], cut: int | None) -> bytes:
     return bytes(data[:cut] if cut is not None else data)
 
 
+HANG_S = 20.0
+
+
 def _write(data: bytes) -> Path:
     handle = tempfile.NamedTemporaryFile(suffix=".gguf", delete=False)
     handle.write(data)
@@ -320,7 +323,9 @@ def test_fuzzed_files_only_raise_the_readers_own_errors(mutations: list[tuple[in
         pass  # GGUFFormatError, UnsupportedModelError: the reader's own errors
     finally:
         path.unlink()
-    assert time.perf_counter() - started < 1.0
+    # A hang guard, not a speed check (a reader looping by a count the file
+    # claims takes minutes): far above any machine's time under load.
+    assert time.perf_counter() - started < HANG_S
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -335,7 +340,7 @@ def test_fuzzed_files_only_raise_the_importers_own_errors(mutations: list[tuple[
             pass  # every refusal is the engine's own error, with its one line
         finally:
             path.unlink()
-        assert time.perf_counter() - started < 5.0
+        assert time.perf_counter() - started < 3 * HANG_S
 
 
 def test_fuzz_base_is_valid(tmp_path: Path) -> None:

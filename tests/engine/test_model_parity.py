@@ -64,10 +64,34 @@ ARCHS = {
             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
         },
     ),
+    # LongRoPE both sides of the pretrained context (which set of factors
+    # rotates), and partial rotary (Phi-4-mini).
+    "phi3-longrope-short": lambda: transformers.Phi3Config(
+        **{**TINY, "max_position_embeddings": 256}, original_max_position_embeddings=256, pad_token_id=0,
+        bos_token_id=1, eos_token_id=2,
+        rope_parameters=_longrope(pairs=8),
+    ),
+    "phi3-longrope-long-partial-rotary": lambda: transformers.Phi3Config(
+        **{**TINY, "max_position_embeddings": 256}, original_max_position_embeddings=6, pad_token_id=0,
+        bos_token_id=1, eos_token_id=2,
+        rope_parameters={**_longrope(pairs=4), "partial_rotary_factor": 0.5},
+    ),
+    "qwen2-yarn": lambda: transformers.Qwen2Config(
+        **TINY, rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                                 "rope_theta": 10000.0},
+    ),
     "granite-multipliers": lambda: transformers.GraniteConfig(
         **TINY, embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.1, logits_scaling=4.0,
     ),
 }
+
+def _longrope(pairs: int) -> dict:
+    return {
+        "rope_type": "longrope", "rope_theta": 10000.0,
+        "short_factor": [1.0 + 0.3 * i for i in range(pairs)],
+        "long_factor": [2.0 + 1.5 * i for i in range(pairs)],
+    }
+
 
 CLASSES = {
     "llama": "LlamaForCausalLM",
@@ -77,6 +101,7 @@ CLASSES = {
     "gemma2": "Gemma2ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
     "granite": "GraniteForCausalLM",
+    "phi3": "Phi3ForCausalLM",
 }
 
 

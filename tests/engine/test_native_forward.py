@@ -34,8 +34,10 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
-@pytest.mark.parametrize("window", [None, 3])
-def test_paged_attention_matches_a_plain_softmax_over_the_pages(window: int | None) -> None:
+# A window of 3 keys over pages of 4 starts mid-page; a soft-cap of 0.5
+# (Gemma 2's is 50, for its larger scores) changes every weight.
+@pytest.mark.parametrize(("window", "softcap"), [(None, None), (3, None), (3, 0.5)])
+def test_paged_attention_matches_a_plain_softmax_over_the_pages(window: int | None, softcap: float | None) -> None:
     gen = torch.Generator().manual_seed(0)
     heads, kv_heads, dim, page = 6, 2, 16, 4
     k_layer = torch.randn(10 * kv_heads, page, dim, generator=gen)
@@ -48,7 +50,8 @@ def test_paged_attention_matches_a_plain_softmax_over_the_pages(window: int | No
     qkv = torch.randn(5, (heads + 2 * kv_heads) * dim, generator=gen)
     out = torch.empty(5, heads * dim)
     native.paged_attention(
-        qkv, heads, kv_heads, dim, positions, row_table, table, k_layer, v_layer, page, window, dim**-0.5, out
+        qkv, heads, kv_heads, dim, positions, row_table, table, k_layer, v_layer, page, window, dim**-0.5, out,
+        softcap=softcap,
     )
     for t, pos in enumerate(positions.tolist()):
         pages = table[row_table[t]]
@@ -59,7 +62,10 @@ def test_paged_attention_matches_a_plain_softmax_over_the_pages(window: int | No
             rows = [(pages[j // page] * kv_heads + h, j % page) for j in range(first, pos + 1)]
             keys = torch.stack([k_layer[r, s] for r, s in rows])
             values = torch.stack([v_layer[r, s] for r, s in rows])
-            expected = torch.softmax(keys @ q[hq] * dim**-0.5, dim=-1) @ values
+            scores = keys @ q[hq] * dim**-0.5
+            if softcap is not None:
+                scores = softcap * torch.tanh(scores / softcap)
+            expected = torch.softmax(scores, dim=-1) @ values
             torch.testing.assert_close(out[t, hq * dim : (hq + 1) * dim], expected, atol=1e-5, rtol=1e-5)
 
 
@@ -104,7 +110,11 @@ def test_a_token_attends_with_the_same_bits_in_any_step(heads: int, kv_heads: in
         assert torch.equal(other, together), variant
 
 
-def test_prefill_rows_are_rotated_and_written_to_their_cache_rows() -> None:
+@pytest.mark.parametrize(("head_norms", "rotary"), [(False, 8), (True, 8), (False, 4)])
+def test_prefill_rows_are_rotated_and_written_to_their_cache_rows(head_norms: bool, rotary: int) -> None:
+    """With head norms (Qwen3, Gemma 3), each q and k head is RMS-normalised
+    times its weight before the rotation; with partial rotary (Phi-4-mini)
+    only the first `rotary` dimensions of a head rotate; v is written as it is."""
     gen = torch.Generator().manual_seed(1)
     heads, kv_heads, dim, page = 4, 2, 8, 4
     k_layer = torch.zeros(6 * kv_heads * page, dim)
@@ -114,10 +124,17 @@ def test_prefill_rows_are_rotated_and_written_to_their_cache_rows() -> None:
                                [(0, 0), (0, 1), (0, 2), (2 * kv_heads, 3)]]).reshape(-1)
     qkv = torch.randn(4, (heads + 2 * kv_heads) * dim, generator=gen)
     before = qkv.clone()
-    cos, sin = _rope_tables(8, dim)
-    native.rope_write_kv(qkv, heads, kv_heads, dim, cos, sin, positions, k_layer, v_layer, write_rows)
+    cos, sin = _rope_tables(8, rotary)
+    q_norm = 1 + 0.3 * torch.randn(dim, generator=gen) if head_norms else None
+    k_norm = 1 + 0.3 * torch.randn(dim, generator=gen) if head_norms else None
+    native.rope_write_kv(qkv, heads, kv_heads, dim, cos, sin, positions, k_layer, v_layer, write_rows,
+                         q_norm=q_norm, k_norm=k_norm, eps=1e-6, rotary_dim=rotary)
     for t, pos in enumerate(positions.tolist()):
-        rotated = _rotate(before[t, : (heads + kv_heads) * dim].view(-1, dim), cos[pos], sin[pos])
+        q, k = before[t, : (heads + kv_heads) * dim].view(-1, dim).split((heads, kv_heads))
+        if head_norms:
+            q, k = F.rms_norm(q, (dim,), q_norm, 1e-6), F.rms_norm(k, (dim,), k_norm, 1e-6)
+        heads_in = torch.cat((q, k))
+        rotated = torch.cat((_rotate(heads_in[:, :rotary], cos[pos], sin[pos]), heads_in[:, rotary:]), dim=-1)
         torch.testing.assert_close(qkv[t, : (heads + kv_heads) * dim].view(-1, dim), rotated)
         for h in range(kv_heads):
             row = int(write_rows[t * kv_heads + h])
@@ -147,6 +164,19 @@ def test_fused_input_operations_and_accumulation(fmt: str) -> None:
     gated = F.silu(pair[:, :128]) * pair[:, 128:]
     bound = product_error_bound(gated, weight, exact_weights=True) + 1e-4
     assert ((residual - before - gated @ weight.dequantize().T).abs() <= bound).all()
+
+    # Gemma's feed-forward: GeGLU in, the output RMS-normalised, and
+    # Granite's residual scale (here both at once).
+    out_norm = 1 + 0.1 * torch.randn(40, generator=gen)
+    residual = before.clone()
+    native.quant_matmul_into(fmt, pair, packed.data, packed.scales, packed.mins, None, residual,
+                             input_op="geglu", accumulate=True, out_norm=out_norm, out_scale=0.5, eps=1e-6)
+    gated = F.gelu(pair[:, :128], approximate="tanh") * pair[:, 128:]
+    product = native.quant_matmul_into(fmt, gated, packed.data, packed.scales, packed.mins, None, torch.empty(6, 40))
+    assert ((product - gated @ weight.dequantize().T).abs() <= product_error_bound(gated, weight, exact_weights=True)
+            + 1e-4).all()
+    expected = before + 0.5 * F.rms_norm(product, (40,), out_norm, 1e-6)
+    torch.testing.assert_close(residual, expected, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -72,11 +72,11 @@ def test_every_variant_gives_the_portable_bits(builds: dict, fmt: str, rows: int
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("input_op", ["rms_norm", "swiglu"])
+@pytest.mark.parametrize("input_op", ["rms_norm", "swiglu", "geglu"])
 def test_fused_inputs_and_accumulation_give_the_portable_bits(builds: dict, fmt: str, input_op: str) -> None:
     gen = torch.Generator().manual_seed(7)
     weight = pack_weight(quantize(torch.randn(44, 128, generator=gen), fmt))
-    width = 256 if input_op == "swiglu" else 128
+    width = 128 if input_op == "rms_norm" else 256
     x = torch.randn(6, width, generator=gen)
     norm = 1 + 0.1 * torch.randn(128, generator=gen)
     residual = torch.randn(6, 44, generator=gen)
@@ -92,6 +92,55 @@ def test_fused_inputs_and_accumulation_give_the_portable_bits(builds: dict, fmt:
     for variant, out in outs.items():
         assert torch.equal(out, outs["portable"]), variant
     assert not torch.equal(outs["portable"], residual)
+
+
+@pytest.mark.parametrize("out_norm", [False, True])
+def test_scaled_and_normalised_outputs_give_the_portable_bits(builds: dict, out_norm: bool) -> None:
+    # A branch joining the residual stream: Gemma's output norm, Granite's
+    # scale (44 columns: a last partial octet).
+    gen = torch.Generator().manual_seed(8)
+    weight = pack_weight(quantize(torch.randn(44, 128, generator=gen), "q4_0"))
+    x = torch.randn(6, 128, generator=gen)
+    norm = 1 + 0.1 * torch.randn(44, generator=gen) if out_norm else None
+    residual = torch.randn(6, 44, generator=gen)
+    outs = {}
+    for variant, lib in builds.items():
+        out = residual.clone()
+        native.quant_matmul_into("q4_0", x, weight.data, weight.scales, None, None, out, accumulate=True,
+                                 out_norm=norm, out_scale=0.25, eps=1e-6, lib=lib)
+        outs[variant] = out
+    for variant, out in outs.items():
+        assert torch.equal(out, outs["portable"]), variant
+
+
+def test_attention_with_head_norms_windows_and_soft_caps_gives_the_portable_bits(builds: dict) -> None:
+    """paged_attention.c's steps as Gemma 3 and Gemma 2 use them: q/k head
+    norms before RoPE, a window of 5 keys over pages of 4, soft-capped scores."""
+    gen = torch.Generator().manual_seed(9)
+    heads, kv_heads, dim, page = 4, 2, 16, 4
+    tokens = 12
+    positions = torch.arange(tokens)
+    pages = torch.tensor([[3, 0, 5]])
+    write_rows = torch.tensor([
+        (pages[0, p // page] * kv_heads + h) * page + p % page for p in range(tokens) for h in range(kv_heads)
+    ])
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=gen)
+    inv = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
+    angles = torch.outer(torch.arange(tokens).float(), inv).repeat(1, 2)
+    q_norm, k_norm = 1 + 0.2 * torch.randn(dim, generator=gen), 1 + 0.2 * torch.randn(dim, generator=gen)
+    outs = {}
+    for variant, lib in builds.items():
+        rows = qkv.clone()
+        k_layer = torch.zeros(6 * kv_heads, page, dim)
+        v_layer = torch.zeros(6 * kv_heads, page, dim)
+        native.rope_write_kv(rows, heads, kv_heads, dim, angles.cos(), angles.sin(), positions, k_layer, v_layer,
+                             write_rows, q_norm=q_norm, k_norm=k_norm, eps=1e-6, lib=lib)
+        out = torch.empty(tokens, heads * dim)
+        native.paged_attention(rows, heads, kv_heads, dim, positions, torch.zeros(tokens, dtype=torch.long), pages,
+                               k_layer, v_layer, page, 5, 0.25, out, softcap=0.5, lib=lib)
+        outs[variant] = (rows, out)
+    for variant, (rows, out) in outs.items():
+        assert torch.equal(rows, outs["portable"][0]) and torch.equal(out, outs["portable"][1]), variant
 
 
 def test_packing_keeps_every_weight_bit() -> None:

@@ -297,7 +297,8 @@ def test_unsafe_template_is_refused_at_load(tmp_path: Path, template: str) -> No
 
 
 def test_unsafe_branch_of_template_is_refused_when_reached(tmp_path: Path) -> None:
-    template = "{% if messages[0]['role'] == 'system' %}{{ messages.pop() }}{% endif %}" + CHATML_TEMPLATE
+    # A branch no load-time probe reaches (they send "Hi" and "Tandem probe ..." texts).
+    template = "{% if messages[-1]['content'] == 'U' %}{{ messages.pop() }}{% endif %}" + CHATML_TEMPLATE
     folder = write_model_folder(tmp_path, train_byte_level_bpe(CHATML_SPECIALS), chatml_config(chat_template=template))
     tokenizer = Tokenizer.from_folder(folder)
     conversation = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]

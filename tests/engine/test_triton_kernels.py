@@ -82,13 +82,15 @@ def gather_keys(cache: torch.Tensor, pages: list[int], num_kv: int, length: int)
 
 def reference_attention(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-    query_pos: torch.Tensor, scale: float, window: int,
+    query_pos: torch.Tensor, scale: float, window: int, softcap: float | None = None,
 ) -> torch.Tensor:
     """q [n, Hq, D] at positions query_pos over keys/values [Hkv, L, D] -> [n, Hq*D], in fp32."""
     group = q.shape[1] // keys.shape[0]
     k = keys.float().repeat_interleave(group, 0)
     v = values.float().repeat_interleave(group, 0)
     scores = torch.einsum("nhd,hld->hnl", q.float(), k) * scale
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
     key_pos = torch.arange(keys.shape[1])
     allowed = key_pos[None, :] <= query_pos[:, None]
     if window:
@@ -278,6 +280,38 @@ def test_prefill_matches_reference(dtype, case) -> None:
         torch.testing.assert_close(out[rows].float(), want, atol=TOLERANCE[dtype], rtol=0)
 
 
+@in_process
+@pytest.mark.parametrize("splits", [1, 3])
+def test_soft_capped_attention_matches_reference(splits) -> None:
+    """Gemma 2's soft-cap (small here, so that it matters) in both kernels,
+    with a window, over split and unsplit decodes and a chunk with a cached prefix."""
+    num_kv, group, head_dim, page_size, window, cap = 2, 2, 16, 4, 9, 0.7
+    gen = torch.Generator().manual_seed(splits)
+    lengths = [5, 30]
+    batch = make_paged_batch(lengths, num_kv, head_dim, page_size, torch.float32, gen)
+    scale = head_dim**-0.5
+    q = torch.randn(2, num_kv * group, head_dim, generator=gen) * 4
+    out = kernels.decode_attention(
+        q, batch.k_cache, batch.v_cache, batch.block_table(), torch.tensor(lengths, dtype=torch.int32),
+        scale, num_kv_heads=num_kv, window=window, num_splits=splits, softcap=cap,
+    )
+    for i, length in enumerate(lengths):
+        want = reference_attention(
+            q[i : i + 1], batch.keys[i], batch.values[i], torch.tensor([length - 1]), scale, window, cap
+        )
+        torch.testing.assert_close(out[i : i + 1], want, atol=2e-5, rtol=0)
+    # The second sequence as a chunk of its last 12 tokens after 18 cached ones.
+    q = torch.randn(12, num_kv * group, head_dim, generator=gen) * 4
+    out = kernels.prefill_attention(
+        q, batch.k_cache, batch.v_cache, batch.block_table()[1:],
+        torch.tensor([0], dtype=torch.int32), torch.tensor([12], dtype=torch.int32),
+        torch.tensor([18], dtype=torch.int32), 12, scale,
+        num_kv_heads=num_kv, window=window, softcap=cap,
+    )
+    want = reference_attention(q, batch.keys[1], batch.values[1], torch.arange(18, 30), scale, window, cap)
+    torch.testing.assert_close(out, want, atol=2e-5, rtol=0)
+
+
 def test_num_kv_splits_fills_the_gpu_without_tiny_splits() -> None:
     # A lone long sequence on a big GPU splits as far as the cap allows...
     assert kernels.num_kv_splits(1, 8, 32768, num_sms=132) == 16
@@ -292,23 +326,45 @@ def test_num_kv_splits_fills_the_gpu_without_tiny_splits() -> None:
 
 # -- the CUDA runner on the CPU -----------------------------------------------
 
+def write_random_gemma2(folder: Path) -> Path:
+    """A tiny Gemma 2 made by transformers: alternating windows of 5 and small
+    soft-caps, so that both matter."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(5)
+    config = transformers.Gemma2Config(
+        vocab_size=97, hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=3,
+        num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16, sliding_window=5,
+        attn_logit_softcapping=0.7, final_logit_softcapping=2.0, max_position_embeddings=256,
+    )
+    model = transformers.Gemma2ForCausalLM(config)
+    with torch.no_grad():
+        for weight in model.parameters():
+            weight.add_(torch.randn_like(weight) * 0.05)
+    model.save_pretrained(folder)
+    return folder
+
+
 @in_process
 @pytest.mark.parametrize(
     "heads,kv_heads,head_dim,window",
-    [(4, 2, 16, None), (3, 1, 16, 5)],
-    ids=["gqa2", "gqa3-window5"],
+    [(4, 2, 16, None), (3, 1, 16, 5), (3, 1, 16, "gemma2")],
+    ids=["gqa2", "gqa3-window5", "gemma2-mixed-windows-softcap"],
 )
 def test_kernel_runner_matches_the_cpu_runner(tmp_path, heads, kv_heads, head_dim, window) -> None:
     """The CUDA path's runner, run by the interpreter on the CPU, computes the
     same hidden states as the CPU path's over prefill, a cached-prefix chunk,
-    a mixed step and decodes, with shuffled pages."""
+    a mixed step and decodes, with shuffled pages; for Gemma 2, with its
+    global and sliding layers side by side and soft-capped scores."""
     from engine.runner.cuda import KernelModelRunner
     from engine.formats.loader import load_model
     from engine.runner.cpu import ModelRunner
 
-    folder = write_random_llama(
-        tmp_path / "m", heads=heads, kv_heads=kv_heads, head_dim=head_dim, window=window, seed=3
-    )
+    if window == "gemma2":
+        folder = write_random_gemma2(tmp_path / "m")
+    else:
+        folder = write_random_llama(
+            tmp_path / "m", heads=heads, kv_heads=kv_heads, head_dim=head_dim, window=window, seed=3
+        )
     model = load_model(folder, "cpu", "float32")
     page_size = 4
     plain = ModelRunner(model, model.new_kv_cache(24, page_size))
@@ -441,21 +497,22 @@ def build_all(arch, dt):
     precision = "ieee" if dt == "fp32" else "tf32"
     i32 = lambda *names: {n: "i32" for n in names}
     cache = {n: f"*{dt}" for n in ("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr")}
-    build(K._decode_kernel,
-          {**cache, "table_ptr": "*i32", "lens_ptr": "*i32", "part_out_ptr": "*fp32",
-           "part_lse_ptr": "*fp32", "scale_log2": "fp32",
-           **i32("window", "stride_qt", "stride_qh", "stride_ot", "stride_table")},
-          dict(NUM_KV=8, GROUP=4, BLOCK_H=16, PAGE_SIZE=16, HEAD_DIM=128, BLOCK_D=128,
-               BLOCK_N=K._decode_block_n(torch_dt), NUM_SPLITS=4, DOT_DTYPE=tld,
-               PRECISION=precision), arch)
     block = 32 if dt == "fp32" else 64
-    build(K._prefill_kernel,
-          {**cache, "table_ptr": "*i32", "query_start_ptr": "*i32", "query_len_ptr": "*i32",
-           "context_len_ptr": "*i32", "scale_log2": "fp32",
-           **i32("window", "stride_qt", "stride_qh", "stride_ot", "stride_table")},
-          dict(NUM_KV=2, GROUP=3, PAGE_SIZE=16, HEAD_DIM=64, BLOCK_D=64,
-               BLOCK_M=block, BLOCK_N=block,
-               DOT_DTYPE=tld, PRECISION=precision), arch)
+    for softcap in (False, True):  # Gemma 2's soft-capped scores, and plain ones
+        build(K._decode_kernel,
+              {**cache, "table_ptr": "*i32", "lens_ptr": "*i32", "part_out_ptr": "*fp32",
+               "part_lse_ptr": "*fp32", "scale_log2": "fp32", "softcap": "fp32",
+               **i32("window", "stride_qt", "stride_qh", "stride_ot", "stride_table")},
+              dict(NUM_KV=8, GROUP=4, BLOCK_H=16, PAGE_SIZE=16, HEAD_DIM=128, BLOCK_D=128,
+                   BLOCK_N=K._decode_block_n(torch_dt), NUM_SPLITS=4, DOT_DTYPE=tld,
+                   PRECISION=precision, SOFTCAP=softcap), arch)
+        build(K._prefill_kernel,
+              {**cache, "table_ptr": "*i32", "query_start_ptr": "*i32", "query_len_ptr": "*i32",
+               "context_len_ptr": "*i32", "scale_log2": "fp32", "softcap": "fp32",
+               **i32("window", "stride_qt", "stride_qh", "stride_ot", "stride_table")},
+              dict(NUM_KV=2, GROUP=3, PAGE_SIZE=16, HEAD_DIM=64, BLOCK_D=64,
+                   BLOCK_M=block, BLOCK_N=block,
+                   DOT_DTYPE=tld, PRECISION=precision, SOFTCAP=softcap), arch)
     build(K._write_kv_kernel,
           {"k_ptr": f"*{dt}", "v_ptr": f"*{dt}", "k_cache_ptr": f"*{dt}", "v_cache_ptr": f"*{dt}",
            "slot_ptr": "*i32", **i32("stride_kt", "stride_kh", "stride_vt", "stride_vh")},

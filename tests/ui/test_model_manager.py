@@ -19,6 +19,11 @@ from ui.widgets.model_picker import ModelPicker
 from ui.theme import apply_theme, muted_text_color
 
 
+@pytest.fixture(autouse=True)
+def _event_loop(loop: Any) -> None:
+    """The window's event loop, set for this thread: the dialogs' jobs push their reports through it."""
+
+
 class GatedRegistry(ModelRegistry):
     """The real registry, whose imports wait at their first written tensor
     until the test opens `gate`: a tiny file would otherwise be imported
@@ -67,7 +72,7 @@ def test_lists_the_default_with_its_details(dialog: ModelManagerDialog) -> None:
     assert rows(dialog) == [["SmolLM2-135M-Instruct", "Built in", "98 MB"]]
     assert dialog.selected_id() == "default"
     labels = dialog.detail_labels
-    assert labels["architecture"].text() == "llama"
+    assert labels["architecture"].text() == "Llama (llama)"
     assert labels["parameters"].text() == "135M"
     assert labels["context"].text() == "8,192 tokens"
     assert labels["dtype"].text() == "Q4_1 (GGUF)"
@@ -84,7 +89,7 @@ def test_adding_a_folder_lists_it_and_announces_the_change(
     assert entry is not None and entry.id == "tiny-llama"
     assert [r[:2] for r in rows(dialog)] == [["SmolLM2-135M-Instruct", "Built in"], ["tiny-llama", "Folder"]]
     assert dialog.selected_id() == "tiny-llama"  # the new model is shown
-    assert dialog.detail_labels["architecture"].text() == "llama (LlamaForCausalLM)"
+    assert dialog.detail_labels["architecture"].text() == "Llama (llama)"
     assert dialog.location_field.text() == str(model_folder.resolve())
     assert dialog.remove_button.isEnabled()
     assert dialog.error_box is None
@@ -127,6 +132,23 @@ def test_an_import_shows_progress_and_can_be_cancelled(
     assert [e.id for e in registry.models()] == ["default"]
     assert list(registry.imports_dir.iterdir()) == []
     assert dialog.import_button.isEnabled()
+
+
+def test_import_progress_is_pushed_to_the_dialog_with_no_timer_polling(
+    dialog: ModelManagerDialog, registry: GatedRegistry, tmp_path: Path, qtbot: Any
+) -> None:
+    from PySide6.QtCore import QTimer
+
+    gguf = tmp_path / "tiny.gguf"
+    write_gguf(gguf, TinyModel(layers=3))
+    dialog.import_gguf(gguf)
+    # The import waits at the gate after its first tensor: what the bar shows is that report, pushed.
+    qtbot.waitUntil(lambda: 0 < dialog.progress_bar.value() < 1000, timeout=10_000)
+    assert "Importing tiny.gguf" in dialog.import_label.text()
+    assert [timer for timer in dialog.findChildren(QTimer) if timer.isActive()] == []
+    registry.gate.set()
+    qtbot.waitUntil(lambda: not dialog.importing, timeout=10_000)
+    assert dialog.status_label.text().startswith("Imported tiny.gguf as")
 
 
 def test_a_finished_import_is_listed_and_selected(
@@ -299,6 +321,10 @@ def test_a_model_stored_quantized_shows_its_formats_instead(dialog: ModelManager
     assert dialog.selected_id() == "default"
     assert not dialog.quantize_choice.isVisible()
     assert dialog.quantize_note.text().startswith("Not needed: stored as q4_1 + q8_0 blocks")
+    # Which arithmetic it will run, in words (the kernels where this machine has them).
+    assert dialog.detail_labels["arithmetic"].text() in (
+        "q4_1+q8_0 kernels, int8 activations", "float32, dequantized from q4_1+q8_0",
+        "bfloat16, dequantized from q4_1+q8_0")
 
 
 def test_changing_a_loaded_models_choice_applies_at_the_next_load_or_now(

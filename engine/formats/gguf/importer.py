@@ -12,9 +12,12 @@ turned into such a folder by `import_gguf`:
   the format of every kept tensor. Embeddings stay quantized too, as in
   llama.cpp: the loader dequantizes the rows it looks up. Norms, biases and
   float matrices (F16, BF16, F32) are stored as float32.
-- Tensors get their Hugging Face names, and llama.cpp's reordering of the
-  q/k rows for its RoPE kernel is undone, so the folder matches the original
-  checkpoint layout.
+- The file's `general.architecture` names its family (engine/model/families);
+  its metadata becomes the family's config.json fields
+  (engine/formats/gguf/hparams.py). Tensors get the family's Hugging Face
+  names, llama.cpp's reordering of the q/k rows for its RoPE kernel is
+  undone where the converter made it, and Gemma's norms, stored as `1 + w`,
+  are stored as w: the folder matches the original checkpoint layout.
 - The tokenizer is rebuilt from the vocabulary, merges and token types in the
   metadata, with the pre-tokenizer llama.cpp uses for the file's
   `tokenizer.ggml.pre`: the ids must be the ones the model was trained with.
@@ -44,16 +47,18 @@ from tokenizers import Tokenizer
 
 from engine.errors import FolderWriteError, ModelLoadError, TokenizerError, UnsupportedModelError
 from engine.formats.gguf.reader import GGUFFile, GGUFMetadata, GGUFTensorInfo, open_gguf
+from engine.formats.gguf.hparams import family_fields
 from engine.formats.gguf.tables import (
-    ARCHITECTURES,
     CONFIG_TENSORS,
     FLOAT_TYPES,
     KEPT_TYPES,
     LAYER_NUMBER_RE,
     LAYER_TENSOR_RE,
-    REQUIRED_LAYER_TENSORS,
-    Architecture,
+    gguf_family,
     hf_tensor_name,
+    is_shifted_norm,
+    layer_modules,
+    required_layer_tensors,
     stored_format,
 )
 from engine.formats.gguf.tokenizer import build_tokenizer
@@ -76,6 +81,7 @@ from engine.formats.staged_folder import (
 from engine.model.config import MAX_POSITIONS, check_dimensions, check_layer_indices, check_rope_and_window
 from engine.model.quant_formats import FOLDER_FORMAT_VERSION, GROUP_SIZE
 from engine.model import tokenizer as model_tokenizer
+from engine.model.families import Family
 from engine.progress import (
     LoadReporter,
     ProgressCallback,
@@ -90,7 +96,9 @@ __all__ = ["IMPORTER_VERSION", "MARKER_NAME", "discard_folder", "import_gguf"]
 # existing imports are redone.
 # 2: quantized tensors kept quantized (version 1 folders held float32 only
 # and load still; they are replaced on the next import of their file).
-IMPORTER_VERSION = 2
+# 3: the families' registry (engine/model/families); generation also stops
+# at the end-of-turn tokens llama.cpp finds by their text.
+IMPORTER_VERSION = 3
 
 # config.json's dimension fields -> the GGUF keys they come from (after the
 # architecture's prefix), so that a refusal names the key in the file.
@@ -208,6 +216,9 @@ class _PlannedTensor:
     rope_heads: int | None = None
     # The engine.model.quant format the tensor is stored in; None: float32.
     quantized: str | None = None
+    # Subtracted from a float tensor's values: the norm offset a file of a
+    # `norms_shifted` family holds added in.
+    norm_shift: float = 0.0
 
     def entries(self) -> list[TensorEntry]:
         """(safetensors name, dtype, shape) of what the folder stores for it."""
@@ -233,7 +244,8 @@ class _PlannedTensor:
     def load(self) -> list[np.ndarray]:
         """The arrays of `entries()`, in that order."""
         if self.quantized is None:
-            arrays = [_dequantize(self.source, self.data).reshape(self.shape)]
+            values = _dequantize(self.source, self.data).reshape(self.shape)
+            arrays = [values - np.float32(self.norm_shift) if self.norm_shift else values]
         elif self.source.type in KEPT_TYPES:
             arrays = _split_blocks(self.source, self.data, self.shape)
         else:
@@ -282,19 +294,17 @@ def _read_checkpoint(source: Path) -> _Checkpoint:
             "(llama.cpp: llama-gguf-split --merge)."
         )
     arch_name = meta.string("general.architecture")
-    arch = ARCHITECTURES.get(arch_name)
-    if arch is None:
-        raise UnsupportedModelError(
-            f"{source.name}: the GGUF architecture {shown_value(arch_name)} is not supported. "
-            f"Tandem imports these GGUF architectures: {', '.join(sorted(ARCHITECTURES))}."
-        )
+    family = gguf_family(arch_name, source.name)
     if meta.integer(f"{arch_name}.expert_count", 0):
         raise UnsupportedModelError(
             f"{source.name} is a mixture-of-experts model, which Tandem does not run."
         )
 
-    config = _model_config(gguf, meta, arch_name, arch)
-    planned = _plan_tensors(gguf, config, arch)
+    config = _model_config(gguf, meta, arch_name, family)
+    # The family's reader of its block's features, as a load runs it: a
+    # value that imports is one that loads.
+    features = family.read_features(config, source.name)
+    planned = _plan_tensors(gguf, config, family, norm_offset=features.get("norm_offset", 0.0))
     quantization = _quantization_section(planned)
     if quantization is not None:
         config["quantization"] = quantization
@@ -330,9 +340,8 @@ def _recommended_sampling(meta: GGUFMetadata) -> dict[str, int | float]:
     return recommended_sampling(found)
 
 
-def _model_config(gguf: GGUFFile, meta: GGUFMetadata, arch_name: str, arch: Architecture) -> dict[str, Any]:
+def _model_config(gguf: GGUFFile, meta: GGUFMetadata, arch_name: str, family: Family) -> dict[str, Any]:
     tensors = gguf.header.tensors
-
 
     def key(name: str) -> str:
         return f"{arch_name}.{name}"
@@ -363,30 +372,32 @@ def _model_config(gguf: GGUFFile, meta: GGUFMetadata, arch_name: str, arch: Arch
     n_heads = int(dimensions["num_attention_heads"])
     head_dim = int(dimensions["head_dim"] or hidden_size // n_heads)
     rotary_dim = meta.integer(key("rope.dimension_count"), head_dim)
-    if rotary_dim != head_dim:
+    if not 0 < rotary_dim <= head_dim or rotary_dim % 2:
         raise UnsupportedModelError(
-            f"{meta.source.name} applies RoPE to {rotary_dim} of {head_dim} head dimensions, "
-            "which Tandem does not support."
+            f"{meta.source.name} applies RoPE to {rotary_dim} of {head_dim} head dimensions; "
+            "the file is corrupt or not a model Tandem runs."
         )
     rope_theta = meta.real(key("rope.freq_base"), 10000.0)
 
     config: dict[str, Any] = {
-        "architectures": [arch.hf_class],
-        "model_type": arch.model_type,
+        "architectures": [family.hf_architecture],
+        "model_type": family.model_types[0],
         "hidden_size": hidden_size,
         "intermediate_size": int(dimensions["intermediate_size"]),
         "num_hidden_layers": int(dimensions["num_hidden_layers"]),
         "num_attention_heads": n_heads,
         "num_key_value_heads": int(dimensions["num_key_value_heads"] or n_heads),
         "head_dim": head_dim,
-        "hidden_act": "silu",
         "rms_norm_eps": meta.real(key("attention.layer_norm_rms_epsilon")),
         "rope_theta": rope_theta,
         "max_position_embeddings": int(dimensions["max_position_embeddings"]),
         "vocab_size": int(dimensions["vocab_size"]),
         "tie_word_embeddings": "output.weight" not in tensors,
     }
-    if arch.model_type == "llama":
+    if rotary_dim != head_dim:
+        config["partial_rotary_factor"] = rotary_dim / head_dim  # Phi-4-mini: 96 of 128
+    config.update(family_fields(family, meta, arch_name, config))
+    if not family.qkv_bias_always:
         config["attention_bias"] = "blk.0.attn_q.bias" in tensors
         config["mlp_bias"] = False
     rope_freqs = tensors.get("rope_freqs.weight")
@@ -397,6 +408,9 @@ def _model_config(gguf: GGUFFile, meta: GGUFMetadata, arch_name: str, arch: Arch
         rope_theta,
         head_dim,
     )
+    long_factors, short_factors = tensors.get("rope_factors_long.weight"), tensors.get("rope_factors_short.weight")
+    if long_factors is not None or short_factors is not None:
+        rope_scaling = _longrope_scaling(gguf, meta, arch_name, long_factors, short_factors, rotary_dim, rope_scaling)
     if rope_scaling is not None:
         config["rope_scaling"] = rope_scaling
     # The engine's own check of what it would load (engine.model.config),
@@ -422,6 +436,42 @@ def _rope_labels(meta: GGUFMetadata, arch_name: str, from_tensor: bool) -> dict[
         "rope_scaling.low_freq_factor": "rope_freqs.weight",
         "rope_scaling.original_max_position_embeddings": f"{arch_name}.rope.scaling.original_context_length",
     }
+
+
+def _longrope_scaling(
+    gguf: GGUFFile,
+    meta: GGUFMetadata,
+    arch_name: str,
+    long_factors: GGUFTensorInfo | None,
+    short_factors: GGUFTensorInfo | None,
+    rotary_dim: int,
+    other: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """LongRoPE from the factor tensors conversion/phi.py writes (one per
+    rotated pair, short and long) and its `rope.scaling.*` metadata."""
+    name = meta.source.name
+    if long_factors is None or short_factors is None or other is not None:
+        raise UnsupportedModelError(
+            f"{name} has LongRoPE factors that are incomplete or combined with another RoPE scaling."
+        )
+    factors = {}
+    for label, tensor in (("long_factor", long_factors), ("short_factor", short_factors)):
+        values = _dequantize(tensor, gguf.tensor_data(tensor)).reshape(-1)
+        if values.size != rotary_dim // 2:
+            raise UnsupportedModelError(
+                f"{name}: rope_factors_{label.removesuffix('_factor')} has {values.size} factors for "
+                f"{rotary_dim // 2} rotated pairs; the file is corrupt."
+            )
+        factors[label] = [float(v) for v in values]
+    scaling: dict[str, Any] = {
+        "rope_type": "longrope",
+        **factors,
+        "original_max_position_embeddings": meta.integer(f"{arch_name}.rope.scaling.original_context_length"),
+    }
+    attention = meta.optional_real(f"{arch_name}.rope.scaling.attn_factor")
+    if attention is not None:
+        scaling["attention_factor"] = attention
+    return scaling
 
 
 def _rope_scaling(
@@ -505,6 +555,13 @@ def _llama3_divisors(scaling: dict[str, Any], wavelengths: np.ndarray) -> np.nda
     return np.where(wavelengths < original / high, 1.0, scaled)
 
 
+# Texts of the tokens that end a chat turn, which llama.cpp stops at by their
+# text whatever ids the file names (src/llama-vocab.cpp, the end-of-generation
+# tokens): converters write an eot id for few models (not for Gemma's
+# <end_of_turn> nor ChatML's <|im_end|> when eos is another token).
+END_OF_TURN_TEXTS = ("<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>")
+
+
 def _end_of_generation_ids(meta: GGUFMetadata) -> int | list[int] | None:
     # Instruct models often end a turn with a token other than eos (Llama 3:
     # <|eot_id|>); generation must stop at any of them.
@@ -513,30 +570,44 @@ def _end_of_generation_ids(meta: GGUFMetadata) -> int | list[int] | None:
         token_id = meta.optional_integer(f"tokenizer.ggml.{key}")
         if token_id is not None and token_id not in ids:
             ids.append(token_id)
+    found: dict[str, int] = {}
+    for index, token in enumerate(meta.strings("tokenizer.ggml.tokens") or ()):
+        if token in END_OF_TURN_TEXTS:
+            found.setdefault(token, index)
+    ids += [token_id for text, token_id in found.items() if token_id not in ids]
     if not ids:
         return None
     return ids[0] if len(ids) == 1 else ids
 
 
-def _plan_tensors(gguf: GGUFFile, config: dict[str, Any], arch: Architecture) -> list[_PlannedTensor]:
+def _plan_tensors(gguf: GGUFFile, config: dict[str, Any], family: Family, norm_offset: float) -> list[_PlannedTensor]:
+    """The tensors the folder stores, each checked against the config's shapes.
+    `norm_offset`: what a `norms_shifted` family's file holds added to its
+    norms (Gemma's 1 of `1 + w`), taken off so that the folder holds w as
+    Hugging Face's do (the loader adds it back)."""
     source, tensors = gguf.header.path, gguf.header.tensors
-    hidden = config["hidden_size"]
-    q_rows = config["num_attention_heads"] * config["head_dim"]
-    kv_rows = config["num_key_value_heads"] * config["head_dim"]
+    hidden, head_dim = config["hidden_size"], config["head_dim"]
+    q_rows = config["num_attention_heads"] * head_dim
+    kv_rows = config["num_key_value_heads"] * head_dim
     ffn = config["intermediate_size"]
     n_layers = config["num_hidden_layers"]
-    matrix_shapes = {
-        "attn_q": (q_rows, hidden),
-        "attn_k": (kv_rows, hidden),
-        "attn_v": (kv_rows, hidden),
-        "attn_output": (hidden, q_rows),
-        "ffn_gate": (ffn, hidden),
-        "ffn_up": (ffn, hidden),
-        "ffn_down": (hidden, ffn),
-        "attn_norm": (hidden,),
-        "ffn_norm": (hidden,),
+    # The shape of each part of the layer (engine.model.families.LayerNames' fields).
+    part_shapes = {
+        "q": (q_rows, hidden), "k": (kv_rows, hidden), "v": (kv_rows, hidden), "o": (hidden, q_rows),
+        "qkv": (q_rows + 2 * kv_rows, hidden), "gate": (ffn, hidden), "up": (ffn, hidden),
+        "gate_up": (2 * ffn, hidden), "down": (hidden, ffn),
+        "attn_norm": (hidden,), "ffn_norm": (hidden,), "attn_out_norm": (hidden,), "ffn_out_norm": (hidden,),
+        "q_norm": (head_dim,), "k_norm": (head_dim,),
     }
+    known_kinds = layer_modules(family)
+    kind_shapes = {kind: part_shapes[part] for kind, part in family.gguf.layer_tensors.items() if kind in known_kinds}
     rope_heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
+
+    def unknown(name: str) -> UnsupportedModelError:
+        return UnsupportedModelError(
+            f"{source.name} contains a tensor Tandem does not know: {name!r}. "
+            f"It is not a {family.title} model as Tandem runs them."
+        )
 
     check_layer_indices(
         n_layers,
@@ -548,27 +619,21 @@ def _plan_tensors(gguf: GGUFFile, config: dict[str, Any], arch: Architecture) ->
     for name, tensor in tensors.items():
         if name in CONFIG_TENSORS:
             continue  # rope_freqs: folded into config["rope_scaling"]
-        hf_name = hf_tensor_name(name)
+        hf_name = hf_tensor_name(name, family)
         match = LAYER_TENSOR_RE.fullmatch(name)
         if match is None:
             if hf_name is None:
-                raise UnsupportedModelError(
-                    f"{source.name} contains a tensor Tandem does not know: {name!r}. "
-                    "It is not a plain Llama-family model."
-                )
+                raise unknown(name)
             expected: tuple[int, ...] = (
                 (hidden,) if name == "output_norm.weight" else (config["vocab_size"], hidden)
             )
             heads = None
         else:
             if hf_name is None or int(match[1]) >= n_layers:
-                raise UnsupportedModelError(
-                    f"{source.name} contains a tensor Tandem does not know: {name!r}. "
-                    "It is not a plain Llama-family model."
-                )
+                raise unknown(name)
             kind, suffix = match[2], match[3]
-            expected = matrix_shapes[kind] if suffix == "weight" else matrix_shapes[kind][:1]
-            heads = rope_heads.get(kind) if arch.permutes_qk else None
+            expected = kind_shapes[kind] if suffix == "weight" else kind_shapes[kind][:1]
+            heads = rope_heads.get(kind) if family.gguf.permutes_qk else None
         shape = tensor.shape
         if shape != expected:
             raise ModelLoadError(
@@ -577,14 +642,19 @@ def _plan_tensors(gguf: GGUFFile, config: dict[str, Any], arch: Architecture) ->
             )
         data = gguf.tensor_data(tensor)
         _check_tensor_type(source, tensor, data)
-        planned.append(_PlannedTensor(hf_name, tensor, data, shape, heads, stored_format(name, tensor.type, tensor.dims)))
+        planned.append(
+            _PlannedTensor(
+                hf_name, tensor, data, shape, heads, stored_format(name, tensor.type, tensor.dims),
+                norm_shift=float(norm_offset) if is_shifted_norm(hf_name, family) else 0.0,
+            )
+        )
 
     names = set(tensors)
     missing = [name for name in ("token_embd.weight", "output_norm.weight") if name not in names]
     missing += [
         f"blk.{layer}.{name}"
         for layer in range(n_layers)
-        for name in REQUIRED_LAYER_TENSORS
+        for name in required_layer_tensors(family)
         if f"blk.{layer}.{name}" not in names
     ]
     if missing:

@@ -1,35 +1,25 @@
 """The GGUF tables: which architectures and tensors Tandem imports, and in
 which engine.model.quant format each tensor is kept.
 
-The importer (engine/formats/gguf/importer.py) converts by these rules, and
-the app's model details (app/models/checks.py) predict from them what an
-import will hold, so the two cannot disagree.
+A GGUF file's `general.architecture` names its family (engine/model/families,
+each declaring llama.cpp's names for it in `Family.gguf`); the tensors'
+Hugging Face names follow from the family's layer. The importer
+(engine/formats/gguf/importer.py) converts by these rules, and the app's
+model details (app/models/checks.py) predict from them what an import will
+hold, so the two cannot disagree. Nothing here imports torch: the window
+reads these tables while it starts.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-
-
-@dataclass(frozen=True, slots=True)
-class Architecture:
-    hf_class: str
-    model_type: str
-    # llama.cpp's converter reorders the q/k rows of these models so that
-    # ggml's interleaved RoPE matches HF's rotate-half; NEOX-style models
-    # (qwen2) are stored unchanged.
-    permutes_qk: bool
-
-
-ARCHITECTURES = {
-    "llama": Architecture("LlamaForCausalLM", "llama", permutes_qk=True),
-    "qwen2": Architecture("Qwen2ForCausalLM", "qwen2", permutes_qk=False),
-}
+from engine.errors import UnsupportedModelError
+from engine.formats.model_json import shown_value
+from engine.model.families import SUPPORTED_GGUF_ARCHITECTURES, Family, for_gguf_architecture
 
 # GGUF tensor name -> Hugging Face name, for the tensors outside the layers.
 GLOBAL_TENSORS = {
@@ -37,24 +27,12 @@ GLOBAL_TENSORS = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-# GGUF layer tensor kind -> Hugging Face module name inside the layer.
-LAYER_TENSORS = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-REQUIRED_LAYER_TENSORS = tuple(f"{name}.weight" for name in LAYER_TENSORS)
 LAYER_TENSOR_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # The layer number of any layer tensor, known kind or not.
 LAYER_NUMBER_RE = re.compile(r"blk\.(\d+)\.")
 # Tensors that never become model weights (folded into config.json instead).
-CONFIG_TENSORS = frozenset({"rope_freqs.weight"})
+# rope_factors_*: LongRoPE's short and long factors (Phi-3.5, Phi-4-mini).
+CONFIG_TENSORS = frozenset({"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"})
 
 FLOAT_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.F64)
 # GGUF block types whose blocks are our formats byte for byte.
@@ -70,7 +48,7 @@ REQUANT_TO_Q4_MAX_BITS = 4.5
 # Layer matrices kept quantized: the products' weights (the embedding and
 # the output table are kept quantized too, see `is_quantizable`).
 QUANTIZABLE_LAYER_TENSORS = frozenset(
-    {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"}
+    {"attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate", "ffn_up", "ffn_down"}
 )
 _QUANTIZABLE_GLOBAL_TENSORS = frozenset({"token_embd.weight", "output.weight"})
 
@@ -87,15 +65,49 @@ def kept_format(tensor_type: GGMLQuantizationType) -> str | None:
     return "q4_1" if size * 8 / block <= REQUANT_TO_Q4_MAX_BITS else "q8_0"
 
 
-def hf_tensor_name(gguf_name: str) -> str | None:
+def gguf_family(architecture: str, source_name: str) -> Family:
+    """The family a GGUF file's `general.architecture` names; refused,
+    listing the ones Tandem imports, when it names none."""
+    family = for_gguf_architecture(architecture)
+    if family is None:
+        raise UnsupportedModelError(
+            f"{source_name}: the GGUF architecture {shown_value(architecture)} is not supported. "
+            f"Tandem imports these GGUF architectures: {', '.join(sorted(SUPPORTED_GGUF_ARCHITECTURES))}."
+        )
+    return family
+
+
+def layer_modules(family: Family) -> dict[str, str]:
+    """GGUF layer tensor kind -> the Hugging Face module inside the layer
+    ("attn_q" -> "self_attn.q_proj"; Gemma's "ffn_norm" ->
+    "pre_feedforward_layernorm")."""
+    modules = {kind: getattr(family.layer, part) for kind, part in family.gguf.layer_tensors.items()}
+    return {kind: module for kind, module in modules.items() if module is not None}
+
+
+def required_layer_tensors(family: Family) -> tuple[str, ...]:
+    """The weights every layer of a file of this family must have."""
+    return tuple(f"{kind}.weight" for kind in layer_modules(family))
+
+
+def hf_tensor_name(gguf_name: str, family: Family) -> str | None:
     """The Hugging Face name of a GGUF tensor ("blk.3.attn_q.weight" ->
-    "model.layers.3.self_attn.q_proj.weight"), None for one Tandem does not know."""
+    "model.layers.3.self_attn.q_proj.weight"), None for one Tandem does not
+    know in this family."""
     if gguf_name in GLOBAL_TENSORS:
         return GLOBAL_TENSORS[gguf_name]
     match = LAYER_TENSOR_RE.fullmatch(gguf_name)
-    if match is None or match[2] not in LAYER_TENSORS:
+    module = None if match is None else layer_modules(family).get(match[2])
+    if match is None or module is None:
         return None
-    return f"model.layers.{int(match[1])}.{LAYER_TENSORS[match[2]]}.{match[3]}"
+    return f"model.layers.{int(match[1])}.{module}.{match[3]}"
+
+
+def is_shifted_norm(hf_name: str, family: Family) -> bool:
+    """Whether the file stores this weight plus the family's norm offset
+    (Gemma's `1 + w`): convert_hf_to_gguf.py's Gemma2Model and Gemma3Model
+    add 1 to every tensor whose Hugging Face name ends in "norm.weight"."""
+    return family.gguf.norms_shifted and hf_name.endswith("norm.weight")
 
 
 def is_quantizable(gguf_name: str) -> bool:

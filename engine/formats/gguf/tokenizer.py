@@ -56,6 +56,13 @@ _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Mistral Nemo's (tokenizer.json's regex, which llama.cpp's "tekken" uses):
+# words split before capitals, digits one by one.
+_TEKKEN_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -78,6 +85,10 @@ _LLAMA3_STYLE = _ByteLevelStyle(
 )
 # Qwen2's own tokenizer normalizes to NFC before splitting.
 _QWEN2_STYLE = _ByteLevelStyle(lambda: _split_then_bytes(_QWEN2_SPLIT), nfc=True)
+# llama.cpp (src/llama-vocab.cpp, "tekken"): whole words from the vocabulary, BOS added.
+_TEKKEN_STYLE = _ByteLevelStyle(
+    lambda: _split_then_bytes(_TEKKEN_SPLIT), ignore_merges=True, add_bos_default=True
+)
 
 # Keyed by tokenizer.ggml.pre. A name missing here is refused rather than
 # guessed: a wrong split silently gives the model ids it never saw.
@@ -90,6 +101,7 @@ BYTE_LEVEL_STYLES = {
     "llama-bpe": _LLAMA3_STYLE,
     "qwen2": _QWEN2_STYLE,
     "deepseek-r1-qwen": _QWEN2_STYLE,
+    "tekken": _TEKKEN_STYLE,
 }
 
 

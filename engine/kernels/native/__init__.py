@@ -175,15 +175,19 @@ def _bind(path: Path) -> ctypes.CDLL:
     i64, ptr, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     lib.tandem_quant_gemm.argtypes = [
         c_int, i64, i64, i64, ptr, i64, ptr, ptr, ptr, ptr, ptr, i64, c_int, c_int, ptr, ctypes.c_float, c_int,
+        ptr, ctypes.c_float,
     ]
     lib.tandem_quant_gemm.restype = c_int
     lib.tandem_quant_take_packed.argtypes = [c_int, i64, ptr, i64, ptr, ptr, ptr, ptr]
     lib.tandem_quant_take_packed.restype = c_int
     lib.tandem_paged_attention.argtypes = [
         i64, i64, i64, i64, ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, ctypes.c_float, ptr, ptr, ptr, i64, c_int,
+        ctypes.c_float,
     ]
     lib.tandem_paged_attention.restype = c_int
-    lib.tandem_rope_write_kv.argtypes = [i64, i64, i64, i64, ptr, i64, ptr, ptr, ptr, ptr, ptr, ptr, c_int]
+    lib.tandem_rope_write_kv.argtypes = [
+        i64, i64, i64, i64, ptr, i64, ptr, ptr, ptr, ptr, ptr, ptr, c_int, ptr, ptr, ctypes.c_float, i64,
+    ]
     lib.tandem_rope_write_kv.restype = c_int
     lib.tandem_quant_take_rows.argtypes = [c_int, i64, ptr, i64, ptr, ptr, ptr, ptr]
     lib.tandem_quant_take_rows.restype = c_int
@@ -291,7 +295,7 @@ def quant_matmul(
     return quant_matmul_into(fmt, x, data, scales, mins, bias, out, lib=lib)
 
 
-INPUT_OPS = {None: 0, "rms_norm": 1, "swiglu": 2}
+INPUT_OPS = {None: 0, "rms_norm": 1, "swiglu": 2, "geglu": 3}
 
 
 def quant_matmul_into(
@@ -307,21 +311,25 @@ def quant_matmul_into(
     norm_weight: torch.Tensor | None = None,
     eps: float = 0.0,
     accumulate: bool = False,
+    out_norm: torch.Tensor | None = None,
+    out_scale: float = 1.0,
     lib: ctypes.CDLL | None = None,
 ) -> torch.Tensor:
-    """out (+)= op(x) @ W.T (+ bias), float32, every tensor row-contiguous,
-    W packed (data [octets, groups, bytes], scales and mins [octets, groups,
-    8]) with out.shape[1] output rows. op: None; "rms_norm" (x normalised,
-    times norm_weight); "swiglu" (x is [M, 2K], gate then up: silu(gate) *
-    up). With `accumulate` the product is added to `out` (a residual stream
-    updated in place). `lib`: a library of load_variant() instead of the
-    one this CPU runs."""
+    """out (+)= out_scale * out_op(op(x) @ W.T (+ bias)), float32, every
+    tensor row-contiguous, W packed (data [octets, groups, bytes], scales
+    and mins [octets, groups, 8]) with out.shape[1] output rows. op: None;
+    "rms_norm" (x normalised, times norm_weight); "swiglu" / "geglu" (x is
+    [M, 2K], gate then up: silu(gate) * up, or gelu(gate) * up with GELU's
+    tanh form). out_op: an RMSNorm times out_norm where that is given (eps
+    is both norms'). With `accumulate` the result is added to `out` (a
+    residual stream updated in place). `lib`: a library of load_variant()
+    instead of the one this CPU runs."""
     groups = data.shape[1]
     status = (lib or library()).tandem_quant_gemm(
         FORMAT_CODES[fmt], x.shape[0], out.shape[1], groups * 32, x.data_ptr(), x.stride(0),
         data.data_ptr(), scales.data_ptr(), _pointer(mins), _pointer(bias),
         out.data_ptr(), out.stride(0), torch.get_num_threads(),
-        INPUT_OPS[input_op], _pointer(norm_weight), eps, int(accumulate),
+        INPUT_OPS[input_op], _pointer(norm_weight), eps, int(accumulate), _pointer(out_norm), out_scale,
     )
     _check(status, "tandem_quant_gemm")
     return out
@@ -353,13 +361,14 @@ class BoundProduct:
     def __call__(
         self, x: torch.Tensor, out: torch.Tensor, threads: int, input_op: int = 0,
         norm_weight: int | None = None, eps: float = 0.0, accumulate: bool = False,
+        out_norm: int | None = None, out_scale: float = 1.0,
     ) -> None:
-        """out (+)= op(x) @ W.T, as quant_matmul_into; input_op is an
-        INPUT_OPS code, norm_weight a data pointer."""
+        """out (+)= out_scale * out_op(op(x) @ W.T), as quant_matmul_into;
+        input_op is an INPUT_OPS code, norm_weight and out_norm data pointers."""
         status = self._call(
             self._fmt, x.shape[0], self._n, self._k, x.data_ptr(), x.stride(0),
             self._data, self._scales, self._mins, self._bias,
-            out.data_ptr(), out.stride(0), threads, input_op, norm_weight, eps, accumulate,
+            out.data_ptr(), out.stride(0), threads, input_op, norm_weight, eps, accumulate, out_norm, out_scale,
         )
         _check(status, "tandem_quant_gemm")
 
@@ -379,17 +388,20 @@ def paged_attention(
     scale: float,
     out: torch.Tensor,
     *,
+    softcap: float | None = None,
     lib: ctypes.CDLL | None = None,
 ) -> torch.Tensor:
     """Attention of every row of qkv [T, (Hq + 2 Hkv) D] (its q heads, already
     rotated; its k and v already in the cache: rope_write_kv) over the
     pages of its sequence, into out [T, Hq D]. positions: int64 [T];
-    row_table: int64 [T], each row's line of page_table (int64 [S, pages])."""
+    row_table: int64 [T], each row's line of page_table (int64 [S, pages]).
+    window: each row sees its last `window` keys; softcap: scores become
+    softcap * tanh(scores / softcap) before the softmax (Gemma 2)."""
     status = (lib or library()).tandem_paged_attention(
         qkv.shape[0], num_heads, num_kv_heads, head_dim, qkv.data_ptr(), qkv.stride(0),
         positions.data_ptr(), row_table.data_ptr(), page_table.data_ptr(), page_table.shape[0],
         page_table.shape[1], page_size, window or 0, scale, k_layer.data_ptr(), v_layer.data_ptr(),
-        out.data_ptr(), out.stride(0), torch.get_num_threads(),
+        out.data_ptr(), out.stride(0), torch.get_num_threads(), softcap or 0.0,
     )
     _check(status, "tandem_paged_attention")
     return out
@@ -407,14 +419,24 @@ def rope_write_kv(
     v_layer: torch.Tensor,
     write_rows: torch.Tensor,
     *,
+    q_norm: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
+    eps: float = 0.0,
+    rotary_dim: int | None = None,
     lib: ctypes.CDLL | None = None,
 ) -> None:
-    """Rotate q and k of every row of qkv in place; write k and v to the
-    cache rows write_rows [T * Hkv] (AttentionMetadata.write_index)."""
+    """Rotate q and k of every row of qkv in place, each head first
+    RMS-normalised times q_norm / k_norm ([head_dim]) where they are given;
+    write k and v to the cache rows write_rows [T * Hkv]
+    (AttentionMetadata.write_index). rotary_dim: the leading dimensions of
+    each head that rotate (default all), the tables' width."""
+    if (q_norm is None) != (k_norm is None):
+        raise ValueError("q and k head norms come together")
     status = (lib or library()).tandem_rope_write_kv(
         qkv.shape[0], num_heads, num_kv_heads, head_dim, qkv.data_ptr(), qkv.stride(0),
         cos_table.data_ptr(), sin_table.data_ptr(), positions.data_ptr(),
         k_layer.data_ptr(), v_layer.data_ptr(), write_rows.data_ptr(), torch.get_num_threads(),
+        _pointer(q_norm), _pointer(k_norm), eps, rotary_dim or head_dim,
     )
     _check(status, "tandem_rope_write_kv")
 

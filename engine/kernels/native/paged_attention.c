@@ -1,6 +1,7 @@
 /*
  * Attention on the CPU over the paged KV cache, for every token of a step
- * (decodes and prefill chunks alike): rotate q and k (RoPE, Hugging Face's
+ * (decodes and prefill chunks alike): normalise q and k per head where the
+ * family does (Qwen3, Gemma 3), rotate them (RoPE, Hugging Face's
  * rotate-half layout) and write k and v into the cache
  * (tandem_rope_write_kv), then attend each query row over its sequence's
  * pages in place (tandem_paged_attention).
@@ -25,8 +26,19 @@
 #include <immintrin.h>
 #endif
 
-static void rotate_half(float *x, const float *cos, const float *sin, int64_t D) {
-    const int64_t half = D / 2;
+/* x = x / rms(x) * weight over one head (Qwen3's and Gemma 3's q/k norms),
+ * the sum of squares in double, in order. */
+static void head_rms_norm(float *x, const float *weight, int64_t D, float eps) {
+    double squares = 0.0;
+    for (int64_t i = 0; i < D; i++) squares += (double)x[i] * x[i];
+    const float inv = 1.0f / sqrtf((float)(squares / (double)D) + eps);
+    for (int64_t i = 0; i < D; i++) x[i] = x[i] * inv * weight[i];
+}
+
+/* RoPE on the leading R dimensions of a head (all but for partial rotary,
+ * Phi-4-mini); the rest pass through. */
+static void rotate_half(float *x, const float *cos, const float *sin, int64_t R) {
+    const int64_t half = R / 2;
     for (int64_t i = 0; i < half; i++) {
         float a = x[i], b = x[i + half];
         x[i] = a * cos[i] - b * sin[i];
@@ -127,18 +139,23 @@ static inline __m256 dot8(const float *q, const float *const key[8], int64_t n) 
 }
 #endif
 
-/* Every row of qkv: q and k rotated in place, k and v written to the cache
- * rows write_rows[t * Hkv + h] (in a layer's [rows * page_size, head_dim]
- * view, engine.model.attention.AttentionMetadata's write_index). */
+/* Every row of qkv: q and k normalised per head (when q_norm and k_norm
+ * are given, [D] each) and their first R dimensions rotated in place (the
+ * tables are [positions, R]), k and v written to the cache rows
+ * write_rows[t * Hkv + h] (in a layer's [rows * page_size, head_dim] view,
+ * engine.model.attention.AttentionMetadata's write_index). */
 int tandem_rope_write_kv(int64_t T, int64_t Hq, int64_t Hkv, int64_t D, float *qkv, int64_t qkv_stride,
                          const float *cos_table, const float *sin_table, const int64_t *positions,
-                         float *k_layer, float *v_layer, const int64_t *write_rows, int threads) {
-    if (D % 2 != 0) return 1;
+                         float *k_layer, float *v_layer, const int64_t *write_rows, int threads,
+                         const float *q_norm, const float *k_norm, float eps, int64_t R) {
+    if (R % 2 != 0 || R <= 0 || R > D || (q_norm == NULL) != (k_norm == NULL)) return 1;
     #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && T >= 64)
     for (int64_t t = 0; t < T; t++) {
         float *row = qkv + t * qkv_stride;
-        const float *cos = cos_table + positions[t] * D, *sin = sin_table + positions[t] * D;
-        for (int64_t h = 0; h < Hq + Hkv; h++) rotate_half(row + h * D, cos, sin, D);
+        const float *cos = cos_table + positions[t] * R, *sin = sin_table + positions[t] * R;
+        if (q_norm)
+            for (int64_t h = 0; h < Hq + Hkv; h++) head_rms_norm(row + h * D, h < Hq ? q_norm : k_norm, D, eps);
+        for (int64_t h = 0; h < Hq + Hkv; h++) rotate_half(row + h * D, cos, sin, R);
         for (int64_t h = 0; h < Hkv; h++) {
             float *k_dst = k_layer + write_rows[t * Hkv + h] * D;
             float *v_dst = v_layer + write_rows[t * Hkv + h] * D;
@@ -154,12 +171,13 @@ int tandem_rope_write_kv(int64_t T, int64_t Hq, int64_t Hkv, int64_t D, float *q
 
 /* Softmax weights of one query row against keys [first, length): the
  * scaled dot products (dot(), or dot8() eight keys at a time: the same
- * bits), exp_fixed() of each minus their maximum, each divided by their
- * total summed in key order. Into scores[first .. length). `rows` query
- * rows of one GQA group share the keys, so each block of keys is read
- * once for all of them; every row's arithmetic is its own. */
+ * bits), capped to softcap * tanh(s / softcap) where softcap > 0 (Gemma 2),
+ * exp_fixed() of each minus their maximum, each divided by their total
+ * summed in key order. Into scores[first .. length). `rows` query rows of
+ * one GQA group share the keys, so each block of keys is read once for all
+ * of them; every row's arithmetic is its own. */
 static void softmax_weights(const float *const q[], int rows, const float *const *key, int64_t D, int64_t first,
-                            int64_t length, float scale, float *const scores[]) {
+                            int64_t length, float scale, float softcap, float *const scores[]) {
     for (int r = 0; r < rows; r++) {
         float *sc = scores[r];
         int64_t j = first;
@@ -182,6 +200,13 @@ static void softmax_weights(const float *const q[], int rows, const float *const
         for (; j < length; j++) {
             sc[j] = dot(q[r], key[j], D) * scale;
             top = sc[j] > top ? sc[j] : top;
+        }
+        if (softcap > 0.0f) {
+            top = -INFINITY;
+            for (j = first; j < length; j++) {
+                sc[j] = softcap * tanhf(sc[j] / softcap);
+                top = sc[j] > top ? sc[j] : top;
+            }
         }
         j = first;
 #if defined(__AVX2__) && defined(__FMA__)
@@ -258,12 +283,13 @@ static void locate_keys(const float *k_layer, const float *v_layer, const int64_
 /* q: [T, >= Hq * D] rows at q_stride (the q heads of qkv); every row's own
  * key and value already in the cache. Row t is at positions[t] of the
  * sequence whose pages are page_table[row_table[t]] ([S, max_pages]).
- * out: [T, Hq * D]. `window` > 0: each row sees its last `window` keys. */
+ * out: [T, Hq * D]. `window` > 0: each row sees its last `window` keys.
+ * `softcap` > 0: scores are soft-capped (softmax_weights). */
 int tandem_paged_attention(int64_t T, int64_t Hq, int64_t Hkv, int64_t D, const float *q, int64_t q_stride,
                            const int64_t *positions, const int64_t *row_table, const int64_t *page_table,
                            int64_t S, int64_t max_pages, int64_t page_size, int64_t window, float scale,
                            const float *k_layer, const float *v_layer, float *out, int64_t out_stride,
-                           int threads) {
+                           int threads, float softcap) {
     if (Hkv <= 0 || Hq % Hkv != 0 || page_size <= 0) return 1;
     int64_t longest = 0;
     for (int64_t t = 0; t < T; t++) {
@@ -301,7 +327,7 @@ int tandem_paged_attention(int64_t T, int64_t Hq, int64_t Hkv, int64_t D, const 
                 }
                 const int64_t *pages = page_table + row_table[t] * max_pages;
                 locate_keys(k_layer, v_layer, pages, Hkv, h, D, page_size, first, length, key_at, value_at);
-                softmax_weights(q_rows, (int)group, key_at, D, first, length, scale, score_rows);
+                softmax_weights(q_rows, (int)group, key_at, D, first, length, scale, softcap, score_rows);
                 weighted_values((int)group, value_at, D, first, length, score_rows, out_rows);
             }
         }

@@ -15,7 +15,7 @@
  *               q4_0 counts w as q - 8)
  *         acc = fma(d_w[g] * d_x[g], (float)P, acc)
  *         q4_1: acc = fma(m_w[g], d_x[g] * sum(x_q[g]), acc)
- *     y = acc (+ bias) (added to y with `accumulate`)
+ *     y = acc (+ bias) (times a scale, added to y with `accumulate`)
  *
  * so a row's result has the same bits alone, in a batch of 32 or inside a
  * 512-row prefill chunk, and the same bits from the portable C as from the
@@ -118,18 +118,30 @@ static void quantize_row(const float *x, int64_t K, int8_t *q, float *scale, int
 
 /* What is done to a row of x before the product (fused so that a decode
  * step pays one call, not three or four small torch ops, per product). */
-enum { INPUT_AS_IS = 0, INPUT_RMS_NORM = 1, INPUT_SWIGLU = 2 };
+enum { INPUT_AS_IS = 0, INPUT_RMS_NORM = 1, INPUT_SWIGLU = 2, INPUT_GEGLU = 3 };
+
+/* out = x / rms(x) * weight over n inputs: the sum of squares in double,
+ * in order (the same bits in every build). */
+static void rms_norm_row(const float *x, int64_t n, const float *weight, float eps, float *out) {
+    double squares = 0.0;
+    for (int64_t k = 0; k < n; k++) squares += (double)x[k] * x[k];
+    float inv = 1.0f / sqrtf((float)(squares / (double)n) + eps);
+    for (int64_t k = 0; k < n; k++) out[k] = x[k] * inv * weight[k];
+}
 
 static void prepare_row(int input_op, const float *x, int64_t K, const float *norm_weight, float eps, float *out) {
     if (input_op == INPUT_RMS_NORM) {
-        double squares = 0.0;
-        for (int64_t k = 0; k < K; k++) squares += (double)x[k] * x[k];
-        float inv = 1.0f / sqrtf((float)(squares / (double)K) + eps);
-        for (int64_t k = 0; k < K; k++) out[k] = x[k] * inv * norm_weight[k];
-    } else { /* INPUT_SWIGLU: x holds gate then up, K each */
+        rms_norm_row(x, K, norm_weight, eps, out);
+    } else if (input_op == INPUT_SWIGLU) { /* x holds gate then up, K each */
         for (int64_t k = 0; k < K; k++) {
             float gate = x[k];
             out[k] = gate / (1.0f + expf(-gate)) * x[K + k];
+        }
+    } else { /* INPUT_GEGLU: gelu(gate) * up, GELU's tanh form (Gemma) */
+        for (int64_t k = 0; k < K; k++) {
+            float gate = x[k];
+            float inner = 0.7978845608028654f * (gate + 0.044715f * gate * gate * gate);
+            out[k] = 0.5f * gate * (1.0f + tanhf(inner)) * x[K + k];
         }
     }
 }
@@ -280,10 +292,11 @@ static inline __attribute__((always_inline)) void tile(const PackedWeight *w, co
     }
 }
 
-/* Finish one octet's 8 columns of one row: + bias, store or add. */
-static inline void finish(__m256 v, const float *bias, int64_t n0, int64_t N, float *y, int accumulate) {
+/* Finish one octet's 8 columns of one row: + bias, times scale, store or add. */
+static inline void finish(__m256 v, const float *bias, float scale, int64_t n0, int64_t N, float *y, int accumulate) {
     if (n0 + OCTET <= N) {
         if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + n0));
+        if (scale != 1.0f) v = _mm256_mul_ps(v, _mm256_set1_ps(scale));
         if (accumulate) v = _mm256_add_ps(_mm256_loadu_ps(y + n0), v);
         _mm256_storeu_ps(y + n0, v);
         return;
@@ -293,6 +306,7 @@ static inline void finish(__m256 v, const float *bias, int64_t n0, int64_t N, fl
     for (int64_t n = n0; n < N; n++) {
         float value = lanes[n - n0];
         if (bias) value = value + bias[n];
+        if (scale != 1.0f) value = value * scale;
         y[n] = accumulate ? y[n] + value : value;
     }
 }
@@ -303,11 +317,11 @@ static inline void finish(__m256 v, const float *bias, int64_t n0, int64_t N, fl
         tile(w, x, r0, octet, MR, NO, acc);                                                        \
         for (int r = 0; r < MR; r++)                                                               \
             for (int o = 0; o < NO; o++)                                                           \
-                finish(acc[r][o], bias, (octet + o) * OCTET, w->N, y + (r0 + r) * y_stride, accumulate); \
+                finish(acc[r][o], bias, scale, (octet + o) * OCTET, w->N, y + (r0 + r) * y_stride, accumulate); \
     } while (0)
 
 static void octets_product(const PackedWeight *w, const QuantizedRows *x, int64_t M, int64_t first, int64_t last,
-                           const float *bias, float *y, int64_t y_stride, int accumulate) {
+                           const float *bias, float scale, float *y, int64_t y_stride, int accumulate) {
     for (int64_t r0 = 0; r0 < M; r0 += TILE_ROWS) {
         const int64_t mr = M - r0 < TILE_ROWS ? M - r0 : TILE_ROWS;
         int64_t octet = first;
@@ -339,7 +353,7 @@ static void octets_product(const PackedWeight *w, const QuantizedRows *x, int64_
 #else /* portable C: the same formula, element by element */
 
 static void octets_product(const PackedWeight *w, const QuantizedRows *x, int64_t M, int64_t first, int64_t last,
-                           const float *bias, float *y, int64_t y_stride, int accumulate) {
+                           const float *bias, float scale, float *y, int64_t y_stride, int accumulate) {
     const int64_t G = w->G, obytes = octet_group_bytes(w->fmt);
     for (int64_t r = 0; r < M; r++) {
         const int8_t *xr = x->q + r * x->K;
@@ -369,6 +383,7 @@ static void octets_product(const PackedWeight *w, const QuantizedRows *x, int64_
                 }
                 float value = acc;
                 if (bias) value = value + bias[n];
+                if (scale != 1.0f) value = value * scale;
                 float *out = y + r * y_stride + n;
                 *out = accumulate ? *out + value : value;
             }
@@ -381,15 +396,17 @@ static void octets_product(const PackedWeight *w, const QuantizedRows *x, int64_
  * passes over them. */
 #define BLOCK_OCTETS 4
 
-/* y (+)= op(x) @ W^T + bias, W packed. x rows are K floats (2K for
- * INPUT_SWIGLU); with `accumulate` the product is added to y (a residual
+/* y (+)= out_scale * out_op(op(x) @ W^T + bias), W packed. x rows are K
+ * floats (2K for the gated inputs); out_op is an RMSNorm times out_norm
+ * when that is given (a branch's output norm: Gemma), else nothing; `eps`
+ * is both norms'. With `accumulate` the result is added to y (a residual
  * stream). */
 int tandem_quant_gemm(int fmt, int64_t M, int64_t N, int64_t K, const float *x, int64_t x_stride,
                       const uint8_t *data, const uint16_t *scales, const uint16_t *mins, const float *bias,
                       float *y, int64_t y_stride, int threads, int input_op, const float *norm_weight, float eps,
-                      int accumulate) {
+                      int accumulate, const float *out_norm, float out_scale) {
     if (K % GROUP != 0 || (fmt == FMT_Q4_1) != (mins != NULL) || fmt < 0 || fmt > 2) return 1;
-    if (input_op < 0 || input_op > 2 || (input_op == INPUT_RMS_NORM && norm_weight == NULL)) return 1;
+    if (input_op < 0 || input_op > 3 || (input_op == INPUT_RMS_NORM && norm_weight == NULL)) return 1;
     if (M <= 0 || N <= 0) return 0;
     const int64_t groups = K / GROUP;
     int8_t *xq = malloc((size_t)(M * K));
@@ -397,8 +414,11 @@ int tandem_quant_gemm(int fmt, int64_t M, int64_t N, int64_t K, const float *x, 
     int32_t *xsum = malloc((size_t)(M * groups) * sizeof(int32_t));
     float *xs = malloc((size_t)(M * groups) * sizeof(float));
     float *prepared = input_op != INPUT_AS_IS ? malloc((size_t)(M * K) * sizeof(float)) : NULL;
-    if (!xq || !xd || !xsum || !xs || (input_op != INPUT_AS_IS && !prepared)) {
-        free(xq); free(xd); free(xsum); free(xs); free(prepared);
+    /* With an output norm the product goes to `branch` first: a row's norm
+     * needs all of its columns. */
+    float *branch = out_norm ? malloc((size_t)(M * N) * sizeof(float)) : NULL;
+    if (!xq || !xd || !xsum || !xs || (input_op != INPUT_AS_IS && !prepared) || (out_norm && !branch)) {
+        free(xq); free(xd); free(xsum); free(xs); free(prepared); free(branch);
         return 2;
     }
     const PackedWeight w = {fmt, N, groups, data, scales, mins};
@@ -420,10 +440,22 @@ int tandem_quant_gemm(int fmt, int64_t M, int64_t N, int64_t K, const float *x, 
         for (int64_t b = 0; b < blocks; b++) {
             const int64_t first = b * BLOCK_OCTETS;
             const int64_t last = first + BLOCK_OCTETS < octets ? first + BLOCK_OCTETS : octets;
-            octets_product(&w, &rows, M, first, last, bias, y, y_stride, accumulate);
+            if (branch) octets_product(&w, &rows, M, first, last, bias, 1.0f, branch, N, 0);
+            else octets_product(&w, &rows, M, first, last, bias, out_scale, y, y_stride, accumulate);
+        }
+        if (branch) {
+            #pragma omp for schedule(static)
+            for (int64_t i = 0; i < M; i++) {
+                float *b = branch + i * N, *yi = y + i * y_stride;
+                rms_norm_row(b, N, out_norm, eps, b);
+                for (int64_t n = 0; n < N; n++) {
+                    float value = out_scale != 1.0f ? b[n] * out_scale : b[n];
+                    yi[n] = accumulate ? yi[n] + value : value;
+                }
+            }
         }
     }
-    free(xq); free(xd); free(xsum); free(xs); free(prepared);
+    free(xq); free(xd); free(xsum); free(xs); free(prepared); free(branch);
     return 0;
 }
 

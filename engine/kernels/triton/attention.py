@@ -37,6 +37,7 @@ import triton.language as tl
 
 # log2(e): the kernels use exp2, so the scale carries the change of base.
 _LOG2E = 1.4426950408889634
+LOG2E = tl.constexpr(_LOG2E)  # the same, readable inside the kernels
 
 
 @triton.jit
@@ -59,17 +60,29 @@ def _write_kv_kernel(
     tl.store(v_cache_ptr + row * HEAD_DIM + dims, v, mask=keep)
 
 
+@triton.jit
+def _scaled_scores(scores, scale_log2, softcap, SOFTCAP: tl.constexpr):
+    """Raw q.k scores -> the base-2 logits softmax takes: times the scale, or
+    with SOFTCAP through softcap * tanh(scale * scores / softcap) first
+    (Gemma 2). tanh(x) = 1 - 2 / (exp(2x) + 1): exact at both ends in fp32."""
+    if SOFTCAP:
+        x = scores * (scale_log2 / LOG2E) / softcap
+        capped = softcap * (1.0 - 2.0 / (tl.exp2(x * (2.0 * LOG2E)) + 1.0))
+        return capped * LOG2E
+    return scores * scale_log2
+
+
 # The page-table width changes from step to step: one compiled variant for all.
 @triton.jit(do_not_specialize=["stride_table"])
 def _decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, table_ptr, lens_ptr,
     out_ptr, part_out_ptr, part_lse_ptr,
-    scale_log2, window,
+    scale_log2, window, softcap,
     stride_qt, stride_qh, stride_ot, stride_table,
     NUM_KV: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
     PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -107,7 +120,8 @@ def _decode_kernel(
         offsets = row[:, None] * HEAD_DIM + dims[None, :]
         k = tl.load(k_cache_ptr + offsets, mask=kv_mask, other=0.0).to(DOT_DTYPE)
         v = tl.load(v_cache_ptr + offsets, mask=kv_mask, other=0.0).to(DOT_DTYPE)
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        scores = _scaled_scores(scores, scale_log2, softcap, SOFTCAP)
         scores = tl.where(key_ok[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
         # Every block holds at least one key, so m_new is finite: no -inf - -inf.
@@ -171,12 +185,12 @@ def _merge_splits_kernel(
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, table_ptr,
     query_start_ptr, query_len_ptr, context_len_ptr, out_ptr,
-    scale_log2, window,
+    scale_log2, window, softcap,
     stride_qt, stride_qh, stride_ot, stride_table,
     NUM_KV: tl.constexpr, GROUP: tl.constexpr,
     PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     chunk = tl.program_id(0)
     block = tl.program_id(1)
@@ -218,7 +232,8 @@ def _prefill_kernel(
         offsets = row[:, None] * HEAD_DIM + dims[None, :]
         k = tl.load(k_cache_ptr + offsets, mask=kv_mask, other=0.0).to(DOT_DTYPE)
         v = tl.load(v_cache_ptr + offsets, mask=kv_mask, other=0.0).to(DOT_DTYPE)
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        scores = _scaled_scores(scores, scale_log2, softcap, SOFTCAP)
         allowed = key_ok[None, :] & (key_pos[None, :] <= query_pos[:, None])
         allowed = allowed & ((window <= 0) | (key_pos[None, :] > query_pos[:, None] - window))
         scores = tl.where(allowed, scores, float("-inf"))
@@ -333,6 +348,7 @@ def decode_attention(
     num_kv_heads: int,
     window: int = 0,
     num_splits: int = 1,
+    softcap: float | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one new token per sequence over its pages.
@@ -361,12 +377,13 @@ def decode_attention(
         part_out = part_lse = out  # unused by the kernel
     _decode_kernel[(batch, num_kv, num_splits)](
         q, k_cache, v_cache, block_table, seq_lens, out, part_out, part_lse,
-        scale * _LOG2E, window,
+        scale * _LOG2E, window, softcap or 1.0,
         q.stride(0), q.stride(1), out.stride(0), block_table.stride(0),
         NUM_KV=num_kv, GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)),
         PAGE_SIZE=k_cache.shape[1], HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_N=_decode_block_n(k_cache.dtype), NUM_SPLITS=num_splits,
         DOT_DTYPE=_dot_dtype(k_cache.dtype), PRECISION=_precision(k_cache.dtype),
+        SOFTCAP=softcap is not None,
     )
     if num_splits > 1:
         _merge_splits_kernel[(batch, num_heads)](
@@ -390,6 +407,7 @@ def prefill_attention(
     *,
     num_kv_heads: int,
     window: int = 0,
+    softcap: float | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of prompt chunks over their cached prefix and themselves.
@@ -412,11 +430,12 @@ def prefill_attention(
     grid = (num_chunks, triton.cdiv(max_query_len, block), num_heads)
     _prefill_kernel[grid](
         q, k_cache, v_cache, block_table, query_start, query_len, context_len, out,
-        scale * _LOG2E, window,
+        scale * _LOG2E, window, softcap or 1.0,
         q.stride(0), q.stride(1), out.stride(0), block_table.stride(0),
         NUM_KV=num_kv_heads, GROUP=num_heads // num_kv_heads,
         PAGE_SIZE=k_cache.shape[1], HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim),
         BLOCK_M=block, BLOCK_N=block,
         DOT_DTYPE=_dot_dtype(k_cache.dtype), PRECISION=_precision(k_cache.dtype),
+        SOFTCAP=softcap is not None,
     )
     return out

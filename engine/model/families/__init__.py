@@ -4,11 +4,11 @@ strings elsewhere."""
 
 from __future__ import annotations
 
-from engine.model.families import gemma2, gemma3, granite, llama, qwen2, qwen3
+from engine.model.families import gemma2, gemma3, granite, llama, phi3, qwen2, qwen3
 from engine.model.families.base import Family, GGUFNames, LayerNames
 
 FAMILIES: tuple[Family, ...] = tuple(
-    module.FAMILY for module in (llama, qwen2, qwen3, gemma2, gemma3, granite)
+    module.FAMILY for module in (llama, qwen2, qwen3, gemma2, gemma3, phi3, granite)
 )
 _BY_MODEL_TYPE = {model_type: family for family in FAMILIES for model_type in family.model_types}
 _BY_GGUF_ARCH = {arch: family for family in FAMILIES for arch in family.gguf_architectures}

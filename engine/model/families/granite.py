@@ -32,7 +32,8 @@ FAMILY = Family(
     model_types=("granite",),
     hf_architecture="GraniteForCausalLM",
     layer=LayerNames(),
-    gguf=GGUFNames(architectures=("granite",)),
+    # conversion/granite.py is LlamaModel's subclass: q/k rows are permuted as Llama's.
+    gguf=GGUFNames(architectures=("granite",), permutes_qk=True),
     read_features=_features,
     hub_tags=("granite",),
 )
