@@ -194,6 +194,7 @@ def _seat(workspace: Workspace, in_label_order: list[int]) -> None:
 def _side(label: str, pane: Pane, model_name: Callable[[str], str]) -> ArenaSide:
     conversation = pane.conversation
     turn = conversation.last_turn()
-    reply = conversation.messages[turn[1]].text if turn is not None and turn[1] is not None else ""
+    # The answer is what is judged: a reasoning model's think block is left out.
+    reply = conversation.messages[turn[1]].answer if turn is not None and turn[1] is not None else ""
     model = pane.remote.label if pane.remote is not None else model_name(conversation.model_id)
     return ArenaSide(label, model, contender_settings(conversation.params, conversation.system_prompt), reply, pane.id)

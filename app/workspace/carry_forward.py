@@ -6,8 +6,9 @@ stays a version, so nothing is lost) and the next broadcast continues from
 the same history everywhere. A pane on the reply's model keeps the ids the
 reply was generated with, after its own prompt for that turn, so the next
 turn is served from the pages that generation left in the prefix cache; a
-pane on another model (or a remote one) keeps the text, which its next turn
-encodes once.
+pane on another model (or a remote one) keeps the answer's text (a
+reasoning model's think block stays with the model that wrote it), which its
+next turn encodes once.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ def carried_reply(pane: Pane, message_index: int) -> tuple[Message, str]:
         raise CarryError(f"The reply in {pane.title} is still being written; wait for it or stop it.")
     if reply.state in ("error", "interrupted") or not reply.text:
         raise CarryError(f"The reply in {pane.title} did not finish, so there is nothing to use in the other panes.")
+    if reply.parts.has_reasoning and not reply.answer.strip():
+        raise CarryError(f"The reply in {pane.title} is all reasoning, with no answer to use in the other panes.")
     return reply, messages[turn[0]].text
 
 

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from engine import reasoning
 from engine.params import SamplingParams
 
 from app.errors import MessageIndexError
@@ -107,14 +108,30 @@ class Message:
     # A reply that regenerate or edit-and-resend made again: every version of
     # its turn (None on any other message, and on the versions set aside).
     versions: ReplyVersions | None = None
-    # assistant: the system prompt it was written under, so an export can say
-    # where one set midway took effect. Not stored: None once restored.
-    system_prompt: str | None = field(default=None, compare=False)
+    # assistant: the system prompt it was written under ("" for none), so an
+    # export can say where one set midway took effect; None when not known
+    # (a reply stored before the chat store kept it, schema v6).
+    system_prompt: str | None = None
+    # assistant: its reasoning's tokens and seconds (live while it thinks), for a
+    # reply that thinks before answering. Not stored: None once restored.
+    reasoning_tokens: int | None = field(default=None, compare=False)
+    reasoning_s: float | None = field(default=None, compare=False)
 
     @property
     def to_model(self) -> bool:
         """Whether the message is part of what the model is fed."""
         return self.role != "notice" and self.state != "error"
+
+    @property
+    def parts(self) -> reasoning.ReplyParts:
+        """The reply's reasoning and its answer (engine.reasoning); a message
+        without a think block is all answer."""
+        return reasoning.split_reply(self.text)
+
+    @property
+    def answer(self) -> str:
+        """What the message says, reasoning left out: what compare, copy and the arena act on."""
+        return reasoning.answer_of(self.text) if self.role == "assistant" else self.text
 
 
 @dataclass(slots=True)
@@ -156,6 +173,11 @@ class _Turn:
 
     index: int
     prompt_ids: list[int]
+    # The think block's opening tag when the prompt wrote it (the R1 distills'
+    # templates): the reply's text starts with it, so the text says by itself
+    # where its reasoning is, also once stored.
+    opening: str
+    thinking: reasoning.ReasoningParser
 
 
 class Conversation:
@@ -190,6 +212,9 @@ class Conversation:
         # What to do when the next turn does not fit the context: refuse it,
         # or leave the oldest turns out of the prompt (they stay on screen).
         self.context_policy: ContextPolicy = context_policy
+        # "Think before answering": the template's thinking switch (Qwen3's
+        # enable_thinking), for a model whose template has one.
+        self.thinking = True
         self.messages: list[Message] = []
         self._kept_ids: list[int] = []
         # _kept_after[i]: how many kept ids cover messages[: i + 1], for a
@@ -302,13 +327,20 @@ class Conversation:
         return 0
 
     def chat_messages(
-        self, upto: int | None = None, user_text: str | None = None, start: int | None = None
+        self,
+        upto: int | None = None,
+        user_text: str | None = None,
+        start: int | None = None,
+        *,
+        raw_replies: bool = False,
     ) -> list[dict[str, str]]:
         """The conversation as chat-template messages: system prompt,
         messages[start:upto], then user_text. `start` defaults to
         `context_start(upto)`.
 
         A reply that failed and notices are left out: the model never produced them.
+        A reply's reasoning is left out too, unless `raw_replies`: the replies
+        as written, for a template that drops the reasoning itself.
         """
         upto = len(self.messages) if upto is None else upto
         start = self.context_start(upto) if start is None else start
@@ -317,7 +349,7 @@ class Conversation:
             chat.append({"role": "system", "content": self.system_prompt})
         for message in self.messages[start:upto]:
             if message.to_model:
-                chat.append({"role": message.role, "content": message.text})
+                chat.append({"role": message.role, "content": message.text if raw_replies else message.answer})
         if user_text is not None:
             chat.append({"role": "user", "content": user_text})
         return chat
@@ -339,7 +371,18 @@ class Conversation:
         """
         upto = len(self.messages) if upto is None else upto
         self._require_user_message(upto, user_text)
-        return tokenizer.encode_next_turn(self.kept_ids_for(upto), self.chat_messages(upto, user_text))
+        return tokenizer.encode_next_turn(
+            self.kept_ids_for(upto),
+            self.chat_messages(upto, user_text, raw_replies=tokenizer.drops_reasoning),
+            template_kwargs=self.template_kwargs(tokenizer),
+        )
+
+    def template_kwargs(self, tokenizer: Tokenizer) -> dict[str, bool] | None:
+        """The template variables the pane's settings set: "Think before answering"
+        for a template with a thinking switch."""
+        if reasoning.template_has_thinking_switch(tokenizer.chat_template_source):
+            return {reasoning.THINKING_SWITCH: self.thinking}
+        return None
 
     def prompt_dropping_oldest(
         self, tokenizer: Tokenizer, budget: int, user_text: str | None = None, upto: int | None = None
@@ -367,7 +410,8 @@ class Conversation:
         lo, hi = 0, len(starts) - 1
         while lo <= hi:
             mid = (lo + hi) // 2
-            prompt = tokenizer.encode_chat(self.chat_messages(upto, user_text, start=starts[mid]))
+            messages = self.chat_messages(upto, user_text, start=starts[mid], raw_replies=tokenizer.drops_reasoning)
+            prompt = tokenizer.encode_chat(messages, template_kwargs=self.template_kwargs(tokenizer))
             if len(prompt) <= budget:
                 found, hi = (prompt, starts[mid]), mid - 1
             else:
@@ -399,17 +443,23 @@ class Conversation:
         self._kept_after.append(None)
         return len(self.messages) - 1
 
-    def begin_reply(self, prompt_ids: list[int]) -> int:
-        """Add the (empty, streaming) reply that `prompt_ids` asks for; returns its index."""
+    def begin_reply(self, prompt_ids: list[int], *, opens_reasoning: bool = False) -> int:
+        """Add the (empty, streaming) reply that `prompt_ids` asks for; returns its index.
+
+        `opens_reasoning`: the prompt ends inside a think block
+        (engine.reasoning.prompt_opens_reasoning), so the reply starts as reasoning."""
         self._require_idle()
         if not self.title:
             first = next((m.text for m in self.messages if m.role == "user"), "")
             self.title = labelled_title(self.auto_title(first), "", self.label)
-        message = Message("assistant", "", state="streaming", model_id=self.model_id, params=self.params,
+        opening = reasoning.THINK_START + "\n" if opens_reasoning else ""
+        message = Message("assistant", opening, state="streaming", model_id=self.model_id, params=self.params,
                           system_prompt=self.system_prompt)
         self.messages.append(message)
         self._kept_after.append(None)
-        self._turn = _Turn(len(self.messages) - 1, list(prompt_ids))
+        thinking = reasoning.ReasoningParser()
+        thinking.feed(opening)
+        self._turn = _Turn(len(self.messages) - 1, list(prompt_ids), opening, thinking)
         if self._next_versions is not None and self._next_versions[0] == self._turn.index:
             message.versions = self._next_versions[1]
         self._next_versions = None
@@ -421,7 +471,18 @@ class Conversation:
         message.token_ids.extend(token_ids)
         if stats is not None:
             message.stats = stats
+        self._time_reasoning(message, text, stats)
         return message
+
+    def _time_reasoning(self, message: Message, text: str, stats: ReplyStats | None) -> None:
+        """Count the reply's reasoning: its tokens and seconds up to the delta that closes it."""
+        assert self._turn is not None
+        thinking = self._turn.thinking
+        was_thinking = thinking.in_reasoning
+        thinking.feed(text)
+        if (was_thinking or thinking.has_reasoning and message.reasoning_tokens is None) and stats is not None:
+            message.reasoning_tokens = stats.generated_tokens
+            message.reasoning_s = max(0.0, stats.elapsed_s - (stats.ttft_s or 0.0))
 
     def end_reply(
         self,
@@ -444,11 +505,14 @@ class Conversation:
         turn = self._turn
         assert turn is not None
         if text is not None:
-            message.text = text
+            message.text = turn.opening + text
         if token_ids is not None:
             message.token_ids = list(token_ids)
         if stats is not None:
             message.stats = stats
+            if turn.thinking.in_reasoning:  # it ended still thinking: all of it was reasoning
+                message.reasoning_tokens = stats.generated_tokens
+                message.reasoning_s = max(0.0, stats.elapsed_s - (stats.ttft_s or 0.0))
         message.state = state
         message.error = error
         if state != "error":
@@ -582,7 +646,8 @@ class Conversation:
         ids come from the same model: the kept ids become that prompt plus the
         ids the reply was generated with, so the next turn starts on the pages
         its generation left in the prefix cache. None when they come from
-        another model: the reply is kept as text and the next turn encodes it.
+        another model: the reply's answer is kept as text (its reasoning left
+        out) and the next turn encodes it.
         """
         self._require_idle()
         turn = self.last_turn()
@@ -593,7 +658,7 @@ class Conversation:
         same_ids = prompt_ids is not None
         message = Message(
             "assistant",
-            reply.text,
+            reply.text if same_ids else reply.answer,
             token_ids=list(reply.token_ids) if same_ids else [],
             state="stopped" if reply.state == "stopped" else "complete",
             model_id=reply.model_id,
@@ -634,6 +699,7 @@ class Conversation:
             context_policy=self.context_policy,
             title=fork_title(without_label(self.title, self.label)),
         )
+        other.thinking = self.thinking
         other.messages = copy.deepcopy(self.messages[:length])
         other._kept_after = list(self._kept_after[:length])
         other._kept_ids = self.kept_ids_for(length)

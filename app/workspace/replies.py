@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from engine import reasoning
+
 from app.events import MessageAppended, PaneUpdated, ReplyDelta, ReplyFinished, WorkspaceEvent
 from app.remote.remote_pane import RemoteReply
 from app.workspace.conversation import MessageState, ReplyStats
@@ -53,12 +55,17 @@ class ReplyBatch:
 
 class Turn:
     """What `send` / `regenerate` / `edit_and_resend` started: one reply per
-    pane, the local ones in one engine batch per model, each remote one on its own."""
+    pane, the local ones in one engine batch per model, each remote one on its own.
 
-    def __init__(self, panes: list[Pane], local: list[ReplyBatch], remote: list[RemoteReply]) -> None:
+    `skipped` are the targets a broadcast left out because they were still replying."""
+
+    def __init__(
+        self, panes: list[Pane], local: list[ReplyBatch], remote: list[RemoteReply], skipped: Sequence[Pane] = ()
+    ) -> None:
         self._panes = panes
         self._local = local
         self._remote = remote
+        self.skipped: list[Pane] = list(skipped)
 
     @property
     def pane_ids(self) -> list[int]:
@@ -122,18 +129,22 @@ class Replies:
         self._is_open = is_open
         self._running: set[ReplyBatch | RemoteReply] = set()
 
-    def begin(self, panes: list[Pane], runs: list[ReplyBatch], plans: Mapping[int, PromptPlan]) -> Turn:
+    def begin(
+        self, panes: list[Pane], runs: list[ReplyBatch], plans: Mapping[int, PromptPlan], skipped: Sequence[Pane] = ()
+    ) -> Turn:
         """Start the replies: the local panes' (their batches, already queued) and the remote panes'."""
         for run in runs:
             for pane in run.panes:
-                index = pane.conversation.begin_reply(plans[id(pane)].prompt)
+                prompt = plans[id(pane)].prompt
+                opens = bool(reasoning.reply_start(run.engine.tokenizer, prompt))
+                index = pane.conversation.begin_reply(prompt, opens_reasoning=opens)
                 pane.running = run
                 self._emit(MessageAppended(pane.id, index))
                 self._emit(PaneUpdated(pane.id))
             self._running.add(run)
             run.task = asyncio.get_running_loop().create_task(self._pump(run), name="tandem-replies")
         remote = [self._begin_remote(pane) for pane in panes if pane.remote is not None]
-        return Turn(panes, runs, remote)
+        return Turn(panes, runs, remote, skipped)
 
     def abort(self, pane: Pane) -> None:
         """Stop the pane's reply, if one is streaming (it ends "stopped", keeping its text)."""

@@ -3,6 +3,9 @@ message, its length, speed and time to first token from its stats, and how
 many of its words it shares with each other reply (app.workspace.compare's
 word diff), as a table to read, copy (Markdown) or export (CSV).
 
+A reasoning model's reply is compared by its answer; its reasoning tokens
+are counted apart from its answer's.
+
 The last broadcast turn is read from the conversations themselves: the
 panes whose last message was the most recently sent text and which have a
 reply to it. `figures_of` takes plain texts and stats, so the word diffs can
@@ -30,8 +33,9 @@ class TurnReply:
     pane_id: int
     title: str
     model: str
-    text: str
+    text: str  # the answer, reasoning left out
     stats: ReplyStats | None
+    reasoning_tokens: int | None = None  # None: the reply did not reason (or it is not known)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +49,13 @@ class ReplyFigures:
     ttft_s: float | None
     # Fraction of this reply's words that match the other reply, per other pane id (in the turn's order).
     shared: dict[int, float]
+    reasoning_tokens: int | None = None  # of `tokens`, those the reply reasoned with
+
+    @property
+    def answer_tokens(self) -> int | None:
+        if self.tokens is None:
+            return None
+        return max(0, self.tokens - (self.reasoning_tokens or 0))
 
 
 def last_turn(panes: Sequence[Pane], model_name: dict[str, str] | None = None) -> tuple[str, list[TurnReply]] | None:
@@ -72,7 +83,8 @@ def last_turn(panes: Sequence[Pane], model_name: dict[str, str] | None = None) -
         if messages[user].text != text or reply.state in ("streaming", "error"):
             continue
         model = pane.remote.label if pane.remote is not None else names.get(reply.model_id or "", reply.model_id or "")
-        replies.append(TurnReply(pane.id, pane.title, model, reply.text, reply.stats))
+        reasoned = reply.reasoning_tokens if reply.parts.has_reasoning else None
+        replies.append(TurnReply(pane.id, pane.title, model, reply.answer, reply.stats, reasoned))
     return (text, replies) if replies else None
 
 
@@ -96,6 +108,7 @@ def figures_of(replies: Sequence[TurnReply]) -> list[ReplyFigures]:
             tokens_per_s=stats.tokens_per_s if stats is not None and stats.tokens_per_s else None,
             ttft_s=stats.ttft_s if stats is not None else None,
             shared={pid: shared[reply.pane_id][pid] for pid in (r.pane_id for r in replies) if pid != reply.pane_id},
+            reasoning_tokens=reply.reasoning_tokens,
         ))
     return out
 
@@ -110,19 +123,29 @@ def _matched_fraction(segments: Sequence[object]) -> float:
     return (total - changed) / total if total else 0.0
 
 
+def _reasoned(figures: Sequence[ReplyFigures]) -> bool:
+    return any(f.reasoning_tokens is not None for f in figures)
+
+
 def header(figures: Sequence[ReplyFigures]) -> list[str]:
-    return ["Pane", "Model", "Words", "Tokens", "Tok/s", "TTFT (s)", *(f"Shared with {f.title}" for f in figures)]
+    tokens = ["Reasoning tokens", "Answer tokens"] if _reasoned(figures) else ["Tokens"]
+    return ["Pane", "Model", "Words", *tokens, "Tok/s", "TTFT (s)", *(f"Shared with {f.title}" for f in figures)]
 
 
 def rows(figures: Sequence[ReplyFigures]) -> list[list[str]]:
     """The table's cells as text, one row per reply, the columns of `header`."""
     out = []
+    reasoned = _reasoned(figures)
     for f in figures:
+        if reasoned:
+            tokens = ["" if f.reasoning_tokens is None else str(f.reasoning_tokens), _count(f.answer_tokens)]
+        else:
+            tokens = [_count(f.tokens)]
         cells = [
             f.title,
             f.model,
             str(f.words),
-            "" if f.tokens is None else str(f.tokens),
+            *tokens,
             "" if f.tokens_per_s is None else f"{f.tokens_per_s:.1f}",
             "" if f.ttft_s is None else f"{f.ttft_s:.2f}",
         ]
@@ -148,6 +171,10 @@ def to_csv(figures: Sequence[ReplyFigures]) -> str:
     # A pane's title is the user's text, a model's name its publisher's: app.files.csv_text
     # quotes every cell and shows one a spreadsheet would run as a formula as text.
     return csv_text([header(figures), *rows(figures)])
+
+
+def _count(n: int | None) -> str:
+    return "" if n is None else str(n)
 
 
 def _cell(text: str) -> str:

@@ -719,3 +719,64 @@ def test_special_token_text_in_a_message_stays_text_unless_the_request_opts_in(
         model=model, messages=messages, temperature=0, max_tokens=1, extra_body={"parse_special_tokens": True}
     )
     assert opted_in.usage.prompt_tokens == len(parsed)
+
+
+# -- a reasoning model: its think block apart, as reasoning_content --------------------------
+
+# SmolLM2's template with the R1 distills' generation prompt: the reply starts inside the think block.
+_THINKING_PROMPT = "{{ '<|im_start|>assistant\n<think>\n' }}"
+
+
+@pytest.fixture(scope="module")
+def thinking_server(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    folder = tmp_path_factory.mktemp("thinking-model")
+    for file in default_model_dir.iterdir():
+        if file.name != "tokenizer_config.json":
+            (folder / file.name).symlink_to(file)
+    config_file = folder / "tokenizer_config.json"
+    config = json.loads((default_model_dir / config_file.name).read_text(encoding="utf-8"))
+    template = config["chat_template"]
+    assert "{{ '<|im_start|>assistant\n' }}" in template
+    config["chat_template"] = template.replace("{{ '<|im_start|>assistant\n' }}", _THINKING_PROMPT)
+    config_file.write_text(json.dumps(config), encoding="utf-8")
+    with Engine(folder, device="cpu", threads=1) as eng, serve_in_thread(eng) as srv:
+        yield srv
+
+
+def test_a_reasoning_models_think_block_comes_apart_as_reasoning_content(thinking_server: RunningServer) -> None:
+    body = {"model": "default", "messages": [{"role": "user", "content": "Think about 2 + 2."}], "max_tokens": 8,
+            "temperature": 0, "ignore_eos": True}
+    with httpx.Client(base_url=thinking_server.base_url, timeout=120) as http:
+        message = http.post("/chat/completions", json=body).json()["choices"][0]["message"]
+        # Out of tokens before "</think>": all of the reply is reasoning, as vLLM's R1 parser says.
+        assert message["reasoning_content"] and message["content"] == ""
+        with http.stream("POST", "/chat/completions", json={**body, "stream": True}) as response:
+            chunks = [json.loads(line[6:]) for line in response.iter_lines()
+                      if line.startswith("data: {")]
+    deltas = [chunk["choices"][0]["delta"] for chunk in chunks]
+    assert deltas[0]["role"] == "assistant"
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == message["reasoning_content"]
+    assert "".join(d.get("content", "") for d in deltas) == ""
+
+
+def test_chat_chunks_split_reasoning_from_the_answer_across_deltas() -> None:
+    head = proto.ResponseHead("chatcmpl-1", 1_700_000_000, "m")
+    chunks = proto.ChatChunks(head, include_usage=False, starts_in_reasoning=False)
+    pieces = ["<th", "ink>\nAdd", " them.</thi", "nk>\n\n", "It is 4", "."]
+    sent = [chunks.text(0, piece) for piece in pieces]
+    deltas = [chunk["choices"][0]["delta"] for chunk in sent if chunk is not None]
+    assert sent[0] is None  # only part of a tag: nothing to say yet
+    assert deltas[0] == {"role": "assistant", "reasoning_content": "Add"}
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "Add them."
+    assert "".join(d.get("content", "") for d in deltas) == "It is 4."
+    assert chunks.finish(0, "stop")["choices"][0]["delta"] == {}
+    # Held back at the end (a partial tag that never closed) comes with the finish.
+    unfinished = proto.ChatChunks(head, include_usage=False, starts_in_reasoning=True)
+    assert unfinished.text(0, "Hmm </th") is not None
+    assert unfinished.finish(0, "length")["choices"][0]["delta"] == {"reasoning_content": " </th"}
+    whole = proto.chat_completion(head, [dataclasses.make_dataclass("O", ["text", "finish_reason"])(
+        "Add them.\n</think>\n\nIt is 4.", "stop")], {}, starts_in_reasoning=True)
+    assert whole["choices"][0]["message"] == {"role": "assistant", "content": "It is 4.",
+                                              "reasoning_content": "Add them."}
+    # A model that does not reason answers as before, without the field.
+    assert "reasoning_content" not in proto.chat_message("<think>x</think>y", None)

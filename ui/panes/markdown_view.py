@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from PySide6.QtCore import QEvent, QSize, Qt, Signal
+from PySide6.QtCore import QCoreApplication, QEvent, QSize, Qt, Signal
 from PySide6.QtGui import QFontDatabase, QGuiApplication, QPalette, QTextCursor, QTextOption
 from PySide6.QtWidgets import (
     QFrame,
@@ -114,6 +114,24 @@ def appends_as_plain_text(shown: str, added: str) -> bool:
     return "www." not in (shown + added).lower()
 
 
+# Levels of nesting between a text block and the pane's scroll area (code
+# text, code block, Markdown view, Thinking section, message, the list, the
+# scroll area), with room to spare.
+LAYOUT_PASSES = 8
+
+
+def settle_layouts() -> None:
+    """Run the layouts that text changes asked for, now, up to the pane's scroll area.
+
+    A block's new height reaches the blocks and messages below it through
+    layouts that run from posted events, one level of nesting per pass (Qt
+    keeps events posted while it sends them for its next pass). A paint
+    between two passes showed a paragraph over the next one (issue 29), so a
+    pane is laid out whole before it can be painted."""
+    for _ in range(LAYOUT_PASSES):
+        QCoreApplication.sendPostedEvents(None, QEvent.Type.LayoutRequest)
+
+
 class AutoHeightText(QTextBrowser):
     """A read-only rich text view exactly as tall as its content.
 
@@ -136,12 +154,20 @@ class AutoHeightText(QTextBrowser):
         self.document().setDocumentMargin(2)
         self.document().documentLayout().documentSizeChanged.connect(self._fit)
         self._shown_markdown: str | None = None  # what show_markdown rendered last
+        self._content_height = 1
         self._fit()
 
     def _fit(self, *_: object) -> None:
-        height = math.ceil(self.document().size().height()) + 2 * self.frameWidth()
-        if height != self.height():
-            self.setFixedHeight(max(height, 1))
+        self._set_content_height(math.ceil(self.document().size().height()) + 2 * self.frameWidth())
+
+    def _set_content_height(self, height: int) -> None:
+        # The height goes to the layout as a size hint, never to the widget directly:
+        # a block that resized itself at once covered the block below it until the
+        # layout moved that one, a pass later (issue 29). The layout moves both at once.
+        height = max(height, 1)
+        if height != self._content_height:
+            self._content_height = height
+            self.updateGeometry()
 
     def show_markdown(self, text: str) -> None:
         """Render Markdown `text`. A paragraph that grew by plain words (a
@@ -160,10 +186,10 @@ class AutoHeightText(QTextBrowser):
         self._fit()
 
     def minimumSizeHint(self) -> QSize:  # noqa: N802
-        return QSize(40, self.height())
+        return QSize(40, self._content_height)
 
     def sizeHint(self) -> QSize:  # noqa: N802
-        return QSize(200, self.height())
+        return QSize(200, self._content_height)
 
     def wheelEvent(self, event) -> None:  # noqa: N802
         # Nothing to scroll here: let the pane's scroll area have it.
@@ -186,8 +212,7 @@ class CodeText(AutoHeightText):
         bar = self.horizontalScrollBar()
         if bar.maximum() > 0:  # a line wider than the block: room for its scroll bar below the last line
             height += bar.sizeHint().height()
-        if height != self.height():
-            self.setFixedHeight(max(height, 1))
+        self._set_content_height(height)
 
     def wheelEvent(self, event) -> None:  # noqa: N802
         # Sideways wheels scroll the code; up and down scroll the pane.

@@ -9,6 +9,7 @@ from PySide6.QtGui import QFont, QGuiApplication, QPalette, QResizeEvent
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QMenu, QToolButton, QVBoxLayout, QWidget
 
 from ui.panes.markdown_view import MarkdownView
+from ui.panes.thinking_view import ThinkingSection, thinking_title
 from ui.panes.version_switcher import VersionSwitcher
 from ui.theme import muted_text_color, user_bubble_color
 
@@ -125,6 +126,10 @@ class MessageView(QFrame):
             self.fork_button.hide()
         layout.addLayout(header)
 
+        # A reasoning model's think block, collapsed above the answer (shown once a reply has one).
+        self.thinking = ThinkingSection(self)
+        self.thinking.hide()
+        layout.addWidget(self.thinking)
         self.body = MarkdownView(self, plain=(role in ("user", "notice")))
         layout.addWidget(self.body)
         if role == "notice":
@@ -154,10 +159,10 @@ class MessageView(QFrame):
         already: only its text, the stats line and the rest as they were."""
         streaming = message.state == "streaming"
         if not details and streaming and self.state == "streaming":
-            self.body.set_markdown(message.text)
+            self._show_text(message)
             return
         self.state = message.state
-        self.body.set_markdown(message.text)
+        self._show_text(message)
         # One word on screen: a longer note would set the header's least width and
         # push the pane past the window (the text cut, the actions off screen).
         note, tip = STATE_NOTES.get(message.state, ("", ""))
@@ -178,6 +183,25 @@ class MessageView(QFrame):
             self.versions.set_versions(versions.current, versions.count, enabled=not streaming)
         if self.versions.isVisibleTo(self) != had_switcher:
             self._fold_actions()  # the switcher takes room from the actions
+
+    def _show_text(self, message: Message) -> None:
+        """The answer in the body; a reply's reasoning in its Thinking section."""
+        if self.role != "assistant":
+            self.body.set_markdown(message.text)
+            return
+        parts = message.parts
+        thinking = message.state == "streaming" and not parts.reasoning_finished
+        shown = parts.has_reasoning and (bool(parts.reasoning) or thinking)
+        if shown:
+            title = thinking_title(message.reasoning_tokens, message.reasoning_s, thinking=thinking,
+                                   finished=parts.reasoning_finished)
+            self.thinking.set_reasoning(parts.reasoning, title)
+        if shown != self.thinking.isVisibleTo(self):
+            self.thinking.setVisible(shown)
+        self.body.set_markdown(parts.answer)
+        answering = bool(parts.answer) or not shown  # no empty line under a reply that is still thinking
+        if answering != self.body.isVisibleTo(self):
+            self.body.setVisible(answering)
 
     def set_can_regenerate(self, can: bool, can_carry: bool = False) -> None:
         self.regenerate_button.setVisible(self.role == "assistant" and can)

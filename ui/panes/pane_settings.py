@@ -83,7 +83,10 @@ class PaneSettingsPopover(QFrame):
         set_remote: SetRemote | None = None,
         set_local: Callable[[], None] | None = None,
         context_policy: str = "stop",
+        thinking: bool | None = None,
     ) -> None:
+        """`thinking`: the pane's "Think before answering", for a model whose
+        template has the switch (Qwen3); None leaves the box out."""
         super().__init__(parent, Qt.WindowType.Popup)
         self.setFrameShape(QFrame.Shape.StyledPanel)
         self._params = params
@@ -133,6 +136,15 @@ class PaneSettingsPopover(QFrame):
             "system prompt and leaves the oldest turns out of what the model reads (they stay on screen)."
         )
         form.addRow("When the context is &full", self.context_policy)
+        self.think_before_answering: QCheckBox | None = None
+        if thinking is not None:
+            self.think_before_answering = QCheckBox("&Think before answering", self)
+            self.think_before_answering.setChecked(thinking)
+            self.think_before_answering.setToolTip(
+                "The model reasons first, in a Thinking section above its answer. Off, it answers at once "
+                "(the model's own switch, enable_thinking)."
+            )
+            form.addRow("Reasoning", self.think_before_answering)
         layout.addLayout(form)
         label = QLabel("S&ystem prompt", self)
         self.system_prompt = QPlainTextEdit(self)

@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.workspace.pane_defaults import source_line
+from ui.panes.markdown_view import settle_layouts
 from ui.panes.message_view import MessageView
 from ui.panes.pane_settings import describe_params
 from ui.theme import warning_color
@@ -437,6 +438,7 @@ class PaneView(QFrame):
             if view is not None and index < len(msgs):
                 view.update_from(msgs[index], self._live_stats.get(index), details=live_details)
         self._dirty.clear()
+        settle_layouts()
         if live_details or not self.pane.busy:
             self.refresh_context()
 

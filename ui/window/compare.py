@@ -67,7 +67,7 @@ class CompareReplies:
         if any(i is None for i in indices):
             summary.setText("Both panes need a reply to compare.")
             return
-        texts = [v.pane.conversation.messages[i].text for v, i in zip(views, indices)]
+        texts = [v.pane.conversation.messages[i].answer for v, i in zip(views, indices)]  # reasoning left out
         left, right = word_diff(texts[0], texts[1])
         for view, index, segments in zip(views, indices, (left, right)):
             view.messages[index].body.set_highlight(segments)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from engine import reasoning
 from engine.entrypoints.openai import protocol as proto
 from engine.entrypoints.openai.choices import encode_prompt, reply_limit, start_choices, wait_for_outputs
 from engine.entrypoints.openai.models import ServedModels
@@ -21,9 +22,11 @@ async def create_chat_completion(request: Request, models: ServedModels) -> Resp
     limit = reply_limit(engine, len(ids), req.sampling.max_tokens, None)
     choices = start_choices(engine, [ids], req.sampling, [limit], param="messages", model=req.model)
     head = proto.ResponseHead.new("chatcmpl", req.model)
+    thinks = reasoning.reply_start(engine.tokenizer, ids)
     if req.stream:
-        return stream_choices(choices, proto.ChatChunks(head, req.include_usage), req.model)
+        return stream_choices(choices, proto.ChatChunks(head, req.include_usage, thinks), req.model)
     outputs = await wait_for_outputs(request, choices, req.model)
     if outputs is None:
         return Response(status_code=proto.CLIENT_CLOSED_REQUEST)
-    return JSONResponse(proto.chat_completion(head, outputs, choices.usage()))
+    return JSONResponse(proto.chat_completion(head, outputs, choices.usage(), thinks))
+

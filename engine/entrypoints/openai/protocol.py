@@ -17,6 +17,10 @@ that look right and are not. Fields it does not know at all are ignored, as
 other OpenAI-compatible servers do, so newer clients keep working. Like vLLM,
 it also takes `top_k`, `min_p`, `repetition_penalty` and `ignore_eos`
 (send them with the `openai` client's `extra_body`).
+
+A reasoning model's chat answers carry its think block apart, as
+`reasoning_content` beside `content` (on the message, and in stream deltas),
+as vLLM's reasoning parsers and DeepSeek's API do.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engine.errors import EngineClosedError
+from engine.reasoning import ReasoningParser, split_reply
 from engine.params import RECOMMENDABLE_FIELDS
 
 log = logging.getLogger(__name__)
@@ -511,18 +516,34 @@ class ResponseHead:
                 "system_fingerprint": None}
 
 
-def chat_completion(head: ResponseHead, outputs: Sequence[FinishedChoice], usage: dict[str, Any]) -> dict[str, Any]:
-    """The JSON answer of a chat completion, choice i being `outputs[i]`."""
+def chat_completion(
+    head: ResponseHead,
+    outputs: Sequence[FinishedChoice],
+    usage: dict[str, Any],
+    starts_in_reasoning: bool | None = None,
+) -> dict[str, Any]:
+    """The JSON answer of a chat completion, choice i being `outputs[i]`.
+
+    `starts_in_reasoning`: None for a model that does not reason (its text is
+    the content); else whether its replies start inside the think block, and
+    each message has the block as `reasoning_content` (null when it has none)."""
     return {
         **head.fields("chat.completion"),
         "choices": [{
             "index": i,
-            "message": {"role": "assistant", "content": o.text},
+            "message": chat_message(o.text, starts_in_reasoning),
             "logprobs": None,
             "finish_reason": finish_reason(o.finish_reason),
         } for i, o in enumerate(outputs)],
         "usage": usage,
     }
+
+
+def chat_message(text: str, starts_in_reasoning: bool | None) -> dict[str, Any]:
+    if starts_in_reasoning is None:
+        return {"role": "assistant", "content": text}
+    parts = split_reply(text, starts_in_reasoning=starts_in_reasoning)
+    return {"role": "assistant", "content": parts.answer, "reasoning_content": parts.reasoning or None}
 
 
 def completion(head: ResponseHead, outputs: Sequence[FinishedChoice], usage: dict[str, Any]) -> dict[str, Any]:
@@ -543,7 +564,7 @@ class StreamChunks(Protocol):
 
     include_usage: bool
 
-    def text(self, index: int, text: str) -> dict[str, Any]: ...
+    def text(self, index: int, text: str) -> dict[str, Any] | None: ...
 
     def finish(self, index: int, engine_reason: str) -> dict[str, Any]: ...
 
@@ -557,23 +578,50 @@ class ChatChunks:
     A choice's first delta carries the role, as OpenAI's do; a choice that
     ends without any text still sends it, with empty content. With
     `include_usage`, every chunk carries `"usage": null` and a last chunk
-    without choices carries the usage."""
+    without choices carries the usage.
+
+    `starts_in_reasoning` as in `chat_completion`: for a reasoning model each
+    delta carries its reasoning as `reasoning_content` and its answer as
+    `content`; text that may still be part of a tag waits for the next
+    delta, so a text delta may have no chunk (None)."""
 
     head: ResponseHead
     include_usage: bool
+    starts_in_reasoning: bool | None = None
     _started: set[int] = field(default_factory=set)
+    _parsers: dict[int, ReasoningParser] = field(default_factory=dict)
 
-    def text(self, index: int, text: str) -> dict[str, Any]:
-        if index in self._started:
-            delta = {"content": text}
-        else:
-            delta = {"role": "assistant", "content": text}
-            self._started.add(index)
-        return self._chunk(index, delta, None)
+    def text(self, index: int, text: str) -> dict[str, Any] | None:
+        delta = self._delta(index, *self._split(index, text))
+        return None if delta is None else self._chunk(index, delta, None)
 
     def finish(self, index: int, engine_reason: str) -> dict[str, Any]:
-        delta = {} if index in self._started else {"role": "assistant", "content": ""}
+        parser = self._parsers.pop(index, None)
+        delta = self._delta(index, *parser.finish()) if parser is not None else None
+        if delta is None:
+            delta = {} if index in self._started else {"role": "assistant", "content": ""}
+            self._started.add(index)
         return self._chunk(index, delta, finish_reason(engine_reason))
+
+    def _split(self, index: int, text: str) -> tuple[str, str]:
+        """(reasoning, answer) of a delta's text."""
+        if self.starts_in_reasoning is None:
+            return "", text
+        parser = self._parsers.get(index)
+        if parser is None:
+            parser = self._parsers[index] = ReasoningParser(starts_in_reasoning=self.starts_in_reasoning)
+        return parser.feed(text)
+
+    def _delta(self, index: int, reasoning: str, answer: str) -> dict[str, str] | None:
+        if not reasoning and not answer:
+            return None
+        delta = {} if index in self._started else {"role": "assistant"}
+        self._started.add(index)
+        if reasoning:
+            delta["reasoning_content"] = reasoning
+        if answer or not reasoning:
+            delta["content"] = answer
+        return delta
 
     def usage(self, usage: dict[str, Any]) -> dict[str, Any]:
         return usage_chunk(self.head, "chat.completion.chunk", usage)

@@ -59,8 +59,9 @@ async def _events(choices: Choices, chunks: proto.StreamChunks, model: str) -> A
         if event.output is not None and event.output.error is not None:
             yield sse(proto.engine_failure(event.output.error, model).body())
             return
-        if event.text:
-            yield sse(chunks.text(index, event.text))
+        chunk = chunks.text(index, event.text) if event.text else None
+        if chunk is not None:
+            yield sse(chunk)
         if event.output is not None:
             yield sse(chunks.finish(index, event.output.finish_reason))
     if chunks.include_usage:
