@@ -31,7 +31,7 @@ from engine.core.sequence import EventSink, RequestOutput, Sequence, StreamEvent
 from engine.core.stats import EngineStats
 from engine.errors import PromptError
 from engine.model.tokenizer import Tokenizer
-from engine.params import SamplingParams, read_recommended_sampling
+from engine.params import SamplingParams, defaults_for, read_recommended_sampling
 from engine.progress import ProgressCallback
 from engine.runner.cpu import ModelRunner
 
@@ -66,6 +66,13 @@ class Engine:
     override its fields. A value outside an option's range raises
     InvalidEngineConfig before anything loads; a `max_context` above the
     model's trained context raises MaxContextTooLargeError.
+
+    A request given no SamplingParams samples with `default_sampling`: the
+    model's own recommendation (its generation_config.json) where it has
+    one, else Tandem's defaults (engine.params.SamplingParams': temperature
+    0.8, top-k 40, top-p 0.95, min-p 0.05, as llama.cpp). Keyword options
+    (`generate(prompt, max_tokens=64)`) change single fields of either;
+    SamplingParams given are used as they are.
     """
 
     def __init__(
@@ -104,6 +111,13 @@ class Engine:
         if self._recommended is None:
             self._recommended = read_recommended_sampling(self.model_path)
         return dict(self._recommended)
+
+    @property
+    def default_sampling(self) -> SamplingParams:
+        """What a request given no SamplingParams samples with: `recommended_sampling`
+        over Tandem's defaults (engine.params.defaults_for), as the CLI, the
+        server and a new pane in the window choose too."""
+        return defaults_for(self.recommended_sampling)[0]
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -225,7 +239,7 @@ class Engine:
         step that produced something for it, the last time with `output` set
         (EngineClosedError as `output.error` if the engine stops first)."""
         self._core.check_open()
-        params = params or SamplingParams()
+        params = params if params is not None else self.default_sampling
         ids = self.encode_prompt(prompt)
         self.scheduler.check_fits(len(ids), params.max_tokens)
         seq = self._new_sequence(ids, params, sink)
@@ -238,8 +252,8 @@ class Engine:
         rid = request.request_id if isinstance(request, RequestHandle) else int(request)
         self._core.abort(rid)
 
-    @staticmethod
-    def sampling_params(params: SamplingParams | None = None, **overrides: Any) -> SamplingParams:
+    def sampling_params(self, params: SamplingParams | None = None, **overrides: Any) -> SamplingParams:
+        """`params` (`default_sampling` when None) with the fields in `overrides` replaced."""
         unknown = set(overrides) - _SAMPLING_PARAM_NAMES
         if unknown:
             raise TypeError(f"Unknown sampling option(s): {', '.join(sorted(unknown))}")
@@ -247,7 +261,7 @@ class Engine:
             stop = overrides["stop"]
             overrides["stop"] = (stop,) if isinstance(stop, str) else tuple(stop or ())
         if params is None:
-            return SamplingParams(**overrides)
+            params = self.default_sampling
         values = {f: getattr(params, f) for f in _SAMPLING_PARAM_NAMES}
         values.update(overrides)
         return SamplingParams(**values)
@@ -327,7 +341,12 @@ class Engine:
         **sampling: Any,
     ) -> Any:
         """One prompt -> str (or a generator of text deltas with stream=True);
-        a list of prompts -> list[str] (or a generator of (idx, delta))."""
+        a list of prompts -> list[str] (or a generator of (idx, delta)).
+
+        Without `params`, each prompt samples with `default_sampling` (the
+        model's recommendation, else Tandem's defaults), with any keyword
+        options (`max_tokens=64`, `seed=1`) over it; `params` given (one, or
+        one per prompt) win, keyword options still replacing their fields."""
         batch = self._is_batch(prompts)
         if stream:
             gen = self._stream(prompts, params, sampling)

@@ -17,8 +17,12 @@ left alone (the user's open panes are not replaced by the smoke test's).
 
 A line `startup: ...` gives the seconds from the process's start to the
 window's first frame on screen, to the full window, and to the model being
-ready (docs/packaging.md). The smoke test starts as `tandem` does
-(ui/startup.py: the frame first, the heavy imports behind it).
+ready (docs/packaging.md); a line `loading: ...` when the load was asked for
+and when each of its stages began, as the window saw them (before the
+first report the engine imports PyTorch and loads or, the first time,
+builds its CPU kernels; docs/benchmarks.md "First launch" has each stage
+measured alone). The smoke test starts as `tandem` does (ui/startup.py: the
+frame first, the heavy imports behind it).
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ def _run(args: argparse.Namespace, out: Path) -> None:
     from ui.theme import apply_theme
 
     timings: dict[str, float | None] = {}
+    stages: dict[str, float | None] = {}  # when each loading stage was first reported
     shown: list[str] = []  # the window's size on screen
     settings = _run_settings(Settings.load(), args)  # the temporary folder's: the defaults
     app = start_application(sys.argv[:1])
@@ -110,8 +115,13 @@ def _run(args: argparse.Namespace, out: Path) -> None:
         await asyncio.sleep(0)  # one turn of the loop: the window's first paint
         timings["window"] = process_age()
         shown.append(f"{window.width()}x{window.height()}")
+        unsubscribe = workspace.subscribe(lambda event: _note_stage(event, stages))
+        stages["asked"] = process_age()
         window.load_engine()
-        await _wait_ready(workspace)
+        try:
+            await _wait_ready(workspace)
+        finally:
+            unsubscribe()
         timings["ready"] = process_age()
         stats = workspace.stats()
         weights = stats.weights if stats is not None else "unknown"
@@ -176,7 +186,22 @@ def _run(args: argparse.Namespace, out: Path) -> None:
         f"startup: window shown {_seconds(timings.get('frame'))} (its first frame; the full window "
         f"{_seconds(timings.get('window'))}), model ready {_seconds(timings.get('ready'))} after the process started"
     )
+    print("loading: " + ", ".join(f"{_STAGE_NAMES.get(stage, stage)} {_seconds(at)}" for stage, at in stages.items())
+          + " after the process started")
     print(f"window: {shown[0] if shown else 'never shown'}, {len(panes)} panes")
+
+
+_STAGE_NAMES = {"asked": "asked", "import": "GGUF import", "weights": "weights", "warmup": "warm-up", "ready": "ready"}
+
+
+def _note_stage(event: object, stages: dict[str, float | None]) -> None:
+    from app.events import EngineStateChanged
+
+    if not isinstance(event, EngineStateChanged):
+        return
+    stage = event.progress.stage if event.progress is not None else event.state
+    if stage in _STAGE_NAMES and stage not in stages:
+        stages[stage] = process_age()
 
 
 def _seconds(value: float | None) -> str:

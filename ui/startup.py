@@ -83,6 +83,20 @@ def start_application(argv: list[str]) -> QApplication:
         qInstallMessageHandler(previous)
 
 
+def set_window_minimum(window: QWidget) -> None:
+    """Give a top-level window its smallest size once, before it is shown,
+    rather than leave it to the layout. Left to the layout, the minimum
+    follows the content and changes whenever a banner or a bar shows or
+    hides; each change is passed on to the window system, and Qt's offscreen
+    platform (tests, `--smoke-test`) answers every one with "This plugin does
+    not support propagateSizeHints()". Room for a usable pane and composer,
+    and never less than the content needs now."""
+    metrics = window.fontMetrics()
+    content = window.minimumSizeHint()
+    window.setMinimumSize(max(content.width(), metrics.averageCharWidth() * 64),
+                          max(content.height(), metrics.lineSpacing() * 24))
+
+
 class StartupFrame(QMainWindow):
     """The window's first frame, until the real one is built."""
 
@@ -96,6 +110,7 @@ class StartupFrame(QMainWindow):
         note.setEnabled(False)  # the theme's muted text
         self.setCentralWidget(note)
         self.statusBar().showMessage("Starting…")
+        set_window_minimum(self)
         self.closed_by_user = False  # closed before the window came: the user changed their mind
         self._handing_over = False
 

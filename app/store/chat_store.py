@@ -63,6 +63,7 @@ from app.store.records import (
     stats_to_dict,
     stored_params,
     stored_stats,
+    stored_system_prompt,
     stored_versions,
     unpack_ids,
 )
@@ -218,16 +219,17 @@ class ChatStore:
     def _put_message(conn: sqlite3.Connection, conversation_id: str, record: MessageRecord) -> None:
         conn.execute(
             """INSERT INTO messages (conversation_id, position, role, text, token_ids, state, model_id,
-                                     params, stats, error, created_at, turn_mark, versions)
-               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                                     params, stats, error, created_at, turn_mark, versions, system_prompt)
+               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                ON CONFLICT (conversation_id, position) DO UPDATE SET
                    role = excluded.role, text = excluded.text, token_ids = excluded.token_ids,
                    state = excluded.state, model_id = excluded.model_id, params = excluded.params,
                    stats = excluded.stats, error = excluded.error, created_at = excluded.created_at,
-                   turn_mark = excluded.turn_mark, versions = excluded.versions""",
+                   turn_mark = excluded.turn_mark, versions = excluded.versions,
+                   system_prompt = excluded.system_prompt""",
             (conversation_id, record.position, record.role, record.text, record.token_ids, record.state,
              record.model_id, record.params, record.stats, record.error, record.created_at, record.turn_mark,
-             record.versions),
+             record.versions, record.system_prompt),
         )
 
     def _touch(self, conn: sqlite3.Connection, conversation_id: str, now: float) -> None:
@@ -460,13 +462,14 @@ class ChatStore:
         title, created_at, system_prompt, params_json, model_id, policy, kept_blob = header
         rows = self._query(
             """SELECT position, role, text, token_ids, state, model_id, params, stats, error, created_at, turn_mark,
-                      versions
+                      versions, system_prompt
                FROM messages WHERE conversation_id = ? ORDER BY position""",
             (conversation_id,),
         )
         messages: list[Message] = []
         marks: list[int | None] = []
-        for position, role, text, ids, state, msg_model, msg_params, stats, error, msg_created, mark, versions in rows:
+        for (position, role, text, ids, state, msg_model, msg_params, stats, error, msg_created, mark, versions,
+             msg_system_prompt) in rows:
             if position != len(messages):
                 # Positions are written densely; a gap means rows were lost.
                 raise StoreCorruptError(self.path, f"conversation {conversation_id} is missing message {len(messages)}")
@@ -482,6 +485,7 @@ class ChatStore:
                     model_id=msg_model,
                     params=stored_params(msg_params),
                     versions=stored_versions(versions) if role == "assistant" else None,
+                    system_prompt=stored_system_prompt(role, msg_system_prompt),
                 )
             )
             marks.append(mark)

@@ -12,11 +12,15 @@ not its own).
      "conversation": {"title", "created_at", "system_prompt", "model_id",
                       "context_policy", "params": {...},
                       "messages": [{"role", "text", "state", "created_at",
-                                    "model_id", "params", "stats", "error",
+                                    "model_id", "params", "stats", "error", "system_prompt",
                                     "versions" (a reply made again: {"shown", "count",
                                      "others": [{"version", "user_text", "messages"}]})}]}}
 
-Times are Unix seconds (UTC).
+Times are Unix seconds (UTC). A reply's "system_prompt" is the one it was
+written under ("" for none; null when not known: a reply saved before Tandem
+kept it, and every message that is not a reply); the conversation's is the
+one its next reply gets. A file without the field (an older Tandem's) imports
+with the replies' prompts unknown.
 
 An import file comes from anyone: `read_chat_file` (the CLI's and the
 window's import) turns any content into a conversation or a ChatImportError
@@ -182,6 +186,7 @@ def _message_json(message: Message) -> dict[str, Any]:
         "params": None if message.params is None else params_to_dict(message.params),
         "stats": None if message.stats is None else stats_to_dict(message.stats),
         "error": message.error,
+        "system_prompt": message.system_prompt,
     }
     if message.versions is not None:
         data["versions"] = _versions_json(message.versions)
@@ -287,6 +292,7 @@ def _message_from_json(raw: object, where: str) -> Message:
         params=_params(item.get("params"), where),
         stats=_stats(item.get("stats"), where),
         error=_optional_string(item, "error", where),
+        system_prompt=_optional_string(item, "system_prompt", where) if role == "assistant" else None,
         # One version is no choice to offer: the reply shows alone.
         versions=_versions_from_json(versions, where) if versions is not None and role == "assistant" else None,
     )
@@ -487,13 +493,24 @@ def _message_markdown(
         version = f"version {message.versions.current + 1} of {message.versions.count}, shown"
     if version:
         name += f" — {version}"
-    parts = [f"{heading} {name}", "", message.text if message.text else "*(no text)*"]
+    parts = [f"{heading} {name}", "", reply_markdown(message)]
     # Each reply's own sampling: the conversation's may have changed since it was written.
     sampling = f"Sampling: {_params_line(message.params)}" if message.params is not None else ""
     footer = [x for x in (stats_line(message), _state_note(message), sampling, system_note) if x]
     if footer:
         parts += ["", *(f"*{x}*" for x in footer)]
     return "\n".join(parts)
+
+
+def reply_markdown(message: Message) -> str:
+    """A message's text; a reasoning model's think block as a collapsed
+    "Thinking" <details> block above its answer."""
+    parts = message.parts
+    if message.role != "assistant" or not parts.reasoning:
+        return (parts.answer if message.role == "assistant" else message.text) or "*(no text)*"
+    summary = "Thinking" if parts.reasoning_finished else "Thinking (unfinished)"
+    reasoning = parts.reasoning.replace("</details>", "&lt;/details&gt;")  # cannot close the block early
+    return f"<details>\n<summary>{summary}</summary>\n\n{reasoning}\n\n</details>\n\n{parts.answer or '*(no answer)*'}"
 
 
 def _other_versions_markdown(message: Message, heading: str, model_name: ModelName = model_display_name) -> list[str]:
@@ -528,7 +545,9 @@ def _params_line(p: SamplingParams) -> str:
     return ", ".join(items)
 
 
-def _system_prompt_text(prompt: str) -> str:
+def _system_prompt_text(prompt: str | None) -> str:
+    if prompt is None:
+        return "System prompt not known (saved before Tandem recorded each reply's)"
     return f"System prompt: “{' '.join(prompt.split())}”" if prompt else "No system prompt"
 
 
@@ -545,21 +564,25 @@ def to_markdown(conversation: Conversation, model_name: ModelName = model_displa
         f"- Sampling of new replies: {_params_line(conversation.params)}",
     ]
     current = conversation.system_prompt
-    # A system prompt set midway did not apply to the replies before it: each reply then says which it had.
-    known = [m.system_prompt for m in conversation.messages if m.role == "assistant" and m.system_prompt is not None]
-    changed = any(prompt != current for prompt in known)
+    # A system prompt set midway did not apply to the replies before it: each
+    # reply then says which it had. So do replies stored before their prompt
+    # was (None), beside ones whose prompt is known: the one header would
+    # claim the current prompt for them.
+    prompts = [m.system_prompt for m in conversation.messages if m.role == "assistant"]
+    known = [prompt for prompt in prompts if prompt is not None]
+    changed = any(prompt != current for prompt in known) or (bool(known) and None in prompts)
     if changed:
         lines += ["", "## System prompt of new replies", "", _quote(current) if current else "*(none)*"]
     elif current:
         lines += ["", "## System prompt", "", _quote(current)]
     lines += ["", "## Messages"]
-    previous: str | None = None
+    seen: list[str | None] = []  # the prompt of the reply before; the first reply always says its own
     for message in conversation.messages:
         note = ""
-        if changed and message.role == "assistant" and message.system_prompt is not None:
-            if message.system_prompt != previous:
+        if changed and message.role == "assistant":
+            if not seen or message.system_prompt != seen[-1]:
                 note = _system_prompt_text(message.system_prompt)
-            previous = message.system_prompt
+            seen.append(message.system_prompt)
         lines += ["", _message_markdown(message, model_name=model_name, system_note=note)]
         lines += _other_versions_markdown(message, "####", model_name)
     return "\n".join(lines) + "\n"

@@ -213,6 +213,19 @@ def migrate_v4_to_v5(conn: sqlite3.Connection, secrets: Secrets | None = None) -
     conn.execute(_V5_ARENA_VOTES)
 
 
+# -- v5 -> v6 ---------------------------------------------------------------------
+
+
+def migrate_v5_to_v6(conn: sqlite3.Connection, secrets: Secrets | None = None) -> None:
+    """Each reply's system prompt: messages gain a `system_prompt` column,
+    appended after versions, where the v6 table declares it. Every v5 row
+    gets NULL: a v5 store kept one system prompt per conversation, the one
+    it had last, so which prompt an older reply was written under is not
+    known, and guessing the last one would be wrong exactly where it matters
+    (a prompt set midway)."""
+    conn.execute("ALTER TABLE messages ADD COLUMN system_prompt TEXT")
+
+
 # -- the steps, in order -------------------------------------------------------------
 
 # A step takes the store's connection and the secrets a step may move data to.
@@ -224,6 +237,7 @@ STEPS: dict[int, Step] = {
     2: migrate_v2_to_v3,
     3: migrate_v3_to_v4,
     4: migrate_v4_to_v5,
+    5: migrate_v5_to_v6,
 }
 
 # Every version from the first to the current one has its step: a gap would

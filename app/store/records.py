@@ -136,6 +136,7 @@ class MessageRecord:
     created_at: float
     turn_mark: int | None
     versions: str | None = None  # JSON (versions_to_dict); None: the reply has one version
+    system_prompt: str | None = None  # a reply's; None: not a reply, or not known (stored before schema v6)
 
 
 def header_record(conversation: Conversation) -> HeaderRecord:
@@ -165,6 +166,7 @@ def message_record(message: Message, position: int, turn_mark: int | None = None
         created_at=message.created_at,
         turn_mark=turn_mark,
         versions=None if message.versions is None else json.dumps(versions_to_dict(message.versions)),
+        system_prompt=message.system_prompt,
     )
 
 
@@ -245,6 +247,12 @@ def stored_params(text: str | None) -> SamplingParams | None:
         return None
 
 
+def stored_system_prompt(role: object, value: object) -> str | None:
+    """A reply's system prompt as stored; None for any other message, and for
+    a value that is not text (a reply stored before schema v6 has NULL)."""
+    return value if role == "assistant" and isinstance(value, str) else None
+
+
 def stored_stats(text: str | None) -> ReplyStats | None:
     """Statistics as stored; None for a value this version cannot read."""
     if not text:
@@ -272,6 +280,7 @@ def message_to_dict(message: Message) -> dict[str, Any]:
         "error": message.error,
         "created_at": message.created_at,
         "versions": None if message.versions is None else versions_to_dict(message.versions),
+        "system_prompt": message.system_prompt,
     }
 
 
@@ -313,6 +322,7 @@ def message_from_dict(data: dict[str, Any]) -> Message:
         model_id=data.get("model_id"),
         params=params_from_dict(data["params"]) if isinstance(data.get("params"), dict) else None,
         versions=versions_from_dict(data["versions"]) if isinstance(data.get("versions"), dict) else None,
+        system_prompt=stored_system_prompt(data.get("role"), data.get("system_prompt")),
     )
 
 

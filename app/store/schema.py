@@ -31,13 +31,17 @@ v5  arena_votes: one row per blind-arena vote (app.arena.votes): the
     the sides as JSON (app.arena.votes `sides_to_json`: each side's label,
     model, settings and reply). Not tied to a conversation: deleting a chat
     keeps its votes on the leaderboard.
+v6  messages gain system_prompt: the system prompt a reply was written
+    under ('' for none), so a prompt set midway is known to apply to the
+    replies after it only; NULL for a user message or a notice, and for a
+    reply stored before v6 (which prompt it saw is not known).
 """
 
 from __future__ import annotations
 
 import sqlite3
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 CREATE_CONVERSATIONS = """
 CREATE TABLE conversations (
@@ -68,6 +72,7 @@ CREATE TABLE messages (
     created_at REAL NOT NULL,
     turn_mark INTEGER,
     versions TEXT,
+    system_prompt TEXT,
     PRIMARY KEY (conversation_id, position)
 )"""
 

@@ -24,6 +24,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from engine import reasoning
 from engine.params import SamplingParams
 
 from app.errors import (
@@ -258,6 +259,17 @@ class Workspace:
         self.pane(pane_id).conversation.context_policy = policy  # type: ignore[assignment]
         self._emit(PaneUpdated(pane_id))
 
+    def has_thinking_switch(self, pane_id: int) -> bool:
+        """Whether the pane's model can be told not to think (its template reads `enable_thinking`)."""
+        pane = self.pane(pane_id)
+        engine = self.engine_for(pane.conversation.model_id) if pane.remote is None else None
+        return engine is not None and reasoning.template_has_thinking_switch(engine.tokenizer.chat_template_source)
+
+    def set_thinking(self, pane_id: int, on: bool) -> None:
+        """"Think before answering" (the model's thinking switch), from the pane's next reply."""
+        self.pane(pane_id).conversation.thinking = on
+        self._emit(PaneUpdated(pane_id))
+
     def fork_pane(self, pane_id: int, message_index: int) -> Pane:
         """A new pane, right of the source, holding its conversation up to and
         including `message_index`; its next turn reuses the source's cached pages."""
@@ -402,28 +414,34 @@ class Workspace:
 
     # -- turns -------------------------------------------------------------
 
-    async def send(self, text: str, targets: Sequence[int] | None = None) -> Turn:
+    async def send(self, text: str, targets: Sequence[int] | None = None, *, skip_busy: bool = False) -> Turn:
         """Send `text` to the target panes (every pane when None): the local
         panes as one batched engine call per model, each remote pane as its own request.
 
         Returns as soon as the requests are queued; the replies stream in as
         events (await `turn.wait()` for the end). Nothing is sent to any pane
         when a target is busy (PaneBusyError), the engine is not ready for a
-        local target (EngineNotReadyError) or a prompt cannot run (ContextFullError, or the
-        engine's PromptError).
+        local target (EngineNotReadyError) or a prompt cannot run
+        (ContextFullError, or the engine's PromptError). With `skip_busy`, a
+        target still replying is left out instead and named in
+        `turn.skipped`, so one busy pane does not hold back a broadcast; only
+        when every target is busy is it PaneBusyError.
         """
-        panes = self._targets(targets)
-        groups = self._local_groups(panes)
+        targeted = self._targets(targets)
         if not text.strip():
             raise EmptyMessageError()
-        self._refuse_busy(panes)
+        skipped = [pane for pane in targeted if pane.busy] if skip_busy else []
+        if len(skipped) == len(targeted) or not skip_busy:
+            self._refuse_busy(targeted)
+        panes = [pane for pane in targeted if pane not in skipped]
+        groups = self._local_groups(panes)
         plans = {id(pane): self._plan(engine, pane, text, None) for engine, group in groups for pane in group}
         runs = start_batches(groups, plans)
         for pane in panes:
             self._apply_drop(pane, plans.get(id(pane)))
             index = pane.conversation.append_user(text)
             self._emit(MessageAppended(pane.id, index))
-        return self._replies.begin(panes, runs, plans)
+        return self._replies.begin(panes, runs, plans, skipped)
 
     async def regenerate(self, pane_id: int) -> Turn:
         """Replace the pane's last reply with a new one (or answer a last user message that has none)."""

@@ -48,7 +48,10 @@ def test_json_fields() -> None:
                               "ignore_eos": False}
     reply = conv["messages"][1]
     assert reply["params"]["stop"] == ["\n\nUser:", "###"] and reply["params"]["seed"] == 42
-    assert set(reply) == {"role", "text", "state", "created_at", "model_id", "params", "stats", "error"}
+    assert set(reply) == {"role", "text", "state", "created_at", "model_id", "params", "stats", "error",
+                          "system_prompt"}
+    # Each reply carries the system prompt it was written under; other messages have none.
+    assert reply["system_prompt"] == "Be brief.\nAnswer in English." and conv["messages"][0]["system_prompt"] is None
     assert reply["stats"] == {
         "generated_tokens": 4, "tokens_per_s": 12.5, "ttft_s": 0.25, "prompt_tokens": 5,
         "cached_prompt_tokens": 0, "finish_reason": "stop", "elapsed_s": 0.5,
@@ -61,7 +64,8 @@ def test_json_fields() -> None:
 def test_markdown() -> None:
     conv = build_conversation()
     interrupted = Message(
-        "assistant", "Half a sen", state="interrupted", model_id="default", stats=stats(3, 20, 16, None)
+        "assistant", "Half a sen", state="interrupted", model_id="default", stats=stats(3, 20, 16, None),
+        system_prompt=conv.system_prompt,
     )
     conv = Conversation.restore(
         id=conv.id, title=conv.title, created_at=0.0, system_prompt=conv.system_prompt, params=conv.params,
@@ -169,6 +173,8 @@ def _mutations() -> list[tuple[str, Any, str]]:
         ("stats rate", set_(m + [1, "stats", "tokens_per_s"], "fast"), "Message 2: stats \"tokens_per_s\""),
         ("stats missing", set_(m + [1, "stats", "elapsed_s"], _DELETE), "Message 2: stats \"elapsed_s\""),
         ("model id", set_(m + [1, "model_id"], 3), "Message 2: \"model_id\" must be text or null"),
+        ("system prompt", set_(m + [1, "system_prompt"], ["Be brief."]),
+         "Message 2: \"system_prompt\" must be text or null"),
     ]
 
 
@@ -191,6 +197,27 @@ def test_import_ignores_unknown_fields_and_restores_streaming_as_interrupted() -
     data["conversation"]["messages"][1]["state"] = "streaming"
     imported = from_json(data)
     assert imported.messages[1].state == "interrupted"
+
+
+def test_import_keeps_each_replys_system_prompt() -> None:
+    conv = Conversation()
+    for question, system in (("Hi", ""), ("And now?", "Be brief.")):
+        conv.system_prompt = system
+        conv.append_user(question)
+        conv.begin_reply([1])
+        conv.end_reply("complete", text="Yes.", token_ids=[2])
+    imported = from_json(exported(conv))
+    assert [m.system_prompt for m in imported.messages] == [None, "", None, "Be brief."]
+    assert to_markdown(imported) == to_markdown(conv)
+    # A file from a Tandem that did not export it: the replies' prompts are not known, and the file does not say
+    # they were the conversation's.
+    older = exported(conv)
+    for message in older["conversation"]["messages"]:
+        del message["system_prompt"]
+    imported = from_json(older)
+    assert [m.system_prompt for m in imported.messages] == [None] * 4
+    md = to_markdown(imported)
+    assert "## System prompt\n\n> Be brief." in md and "System prompt:" not in md
 
 
 def _pane(prompts_and_replies: list[tuple[str, str]], model: str) -> Conversation:

@@ -92,6 +92,44 @@ def test_round_trip_of_every_field(store: ChatStore) -> None:
     store.close()
 
 
+def test_each_reply_keeps_its_system_prompt(store: ChatStore) -> None:
+    conv = Conversation(title="Prompts")
+    for question, system in (("Hi", ""), ("Again", ""), ("And now?", "Be brief.")):
+        conv.system_prompt = system
+        conv.append_user(question)
+        store.save_conversation(conv)
+        # As the recorder writes a turn: a checkpoint while the reply streams, then the reply.
+        index = conv.begin_reply(conv.kept_ids + [1])
+        store.save_message(conv.id, index, conv.messages[index])
+        conv.end_reply("complete", text=f"Reply to {question}", token_ids=[2])
+        store.save_reply(conv, index)
+    store = reopen(store)
+    loaded = store.load_conversation(conv.id)
+    assert [m.system_prompt for m in loaded.messages] == [None, "", None, "", None, "Be brief."]
+    assert rows(store.path, "SELECT position, system_prompt FROM messages WHERE role = 'assistant'") == [
+        (1, ""), (3, ""), (5, "Be brief."),
+    ]
+    # The reopened chat's export says where the prompt set midway took effect, as the live one does.
+    md = chat_export.to_markdown(loaded)
+    assert md == chat_export.to_markdown(conv)
+    assert "## System prompt of new replies\n\n> Be brief." in md
+    assert md.index("Reply to Hi") < md.index("*No system prompt*") < md.index("Reply to And now?") < md.index(
+        "*System prompt: “Be brief.”*")
+    # Regenerated under another prompt: the version set aside keeps the one it was written under.
+    loaded.set_version_aside(5)
+    loaded.system_prompt = "Be briefer."
+    loaded.begin_reply(loaded.kept_ids + [1])
+    loaded.end_reply("complete", text="Yes.", token_ids=[2])
+    store.save_conversation(loaded)
+    store = reopen(store)
+    again = store.load_conversation(conv.id)
+    store.close()
+    versions = again.messages[5].versions
+    assert again.messages[5].system_prompt == "Be briefer."
+    assert versions is not None and versions.versions[0] is not None
+    assert versions.versions[0].messages[0].system_prompt == "Be brief."
+
+
 def test_checkpoint_then_final_write(store: ChatStore) -> None:
     conv = Conversation(title="Streaming")
     conv.append_user("Tell me a story")
@@ -258,7 +296,7 @@ def test_migration_from_version_1(tmp_path: Path) -> None:
     shutil.copyfile(FIXTURES / "chats_v1.sqlite3", path)
     assert rows(path, "PRAGMA user_version") == [(1,)]
     with ChatStore.open(path) as store:
-        assert store.schema_version == SCHEMA_VERSION == 5 and store.open_warning is None
+        assert store.schema_version == SCHEMA_VERSION == 6 and store.open_warning is None
         assert store.crashed_last_time  # the v1 session flag is kept
         summaries = store.list_conversations()
         assert [(s.title, s.message_count) for s in summaries] == [("Café ünïcode 100%_test", 2), ("Paris trip", 4)]
@@ -277,6 +315,7 @@ def test_migration_from_version_1(tmp_path: Path) -> None:
         assert reply.token_ids == [1116, 2, 3, 2] and reply.model_id == "smollm-folder" and reply.params is None
         assert reply.stats is not None and reply.stats.generated_tokens == 4 and reply.stats.ttft_s == 0.125
         assert paris.messages[0].model_id is None
+        assert reply.system_prompt is None  # v1 kept the conversation's last prompt only: not known for a reply
         assert paris.turn_marks == [None, 11, None, None]
         assert paris.kept_ids == [1, 9690, 198, 2683, 4, 1116, 2, 1, 520, 9531, 198]
         assert paris.messages[1].created_at == 1_767_225_602.0

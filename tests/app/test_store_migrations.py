@@ -231,12 +231,32 @@ def test_v3_to_v4_adds_reply_versions(tmp_path: Path) -> None:
     assert migrated == schema_of(fresh)
 
 
+# The v4 and v5 messages table, as they wrote it (v3's with the versions column).
+_V4_MESSAGES = """
+CREATE TABLE messages (
+    conversation_id TEXT NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+    position INTEGER NOT NULL,
+    role TEXT NOT NULL,
+    text TEXT NOT NULL,
+    token_ids BLOB NOT NULL DEFAULT x'',
+    state TEXT NOT NULL,
+    model_id TEXT,
+    params TEXT,
+    stats TEXT,
+    error TEXT,
+    created_at REAL NOT NULL,
+    turn_mark INTEGER,
+    versions TEXT,
+    PRIMARY KEY (conversation_id, position)
+)"""
+
+
 def build_v4(path: Path) -> None:
     """A version-4 store: a conversation with a reply that has another version, no arena table."""
     from app.store import schema
 
     conn = sqlite3.connect(path)
-    for statement in (schema.CREATE_CONVERSATIONS, schema.CREATE_MESSAGES, schema.CREATE_LAYOUT, schema.CREATE_META,
+    for statement in (schema.CREATE_CONVERSATIONS, _V4_MESSAGES, schema.CREATE_LAYOUT, schema.CREATE_META,
                       *schema.CREATE_INDEXES):
         conn.execute(statement)
     conn.execute(
@@ -298,6 +318,81 @@ def test_v4_to_v5_adds_arena_votes(tmp_path: Path) -> None:
         vote_id = store.add_arena_vote(vote)
     with ChatStore.open(path, recover=False) as store:
         assert store.arena_votes() == [dataclasses.replace(vote, id=vote_id)]
+    fresh = sqlite3.connect(":memory:")
+    create_schema(fresh)
+    assert migrated == schema_of(fresh)
+
+
+def build_v5(path: Path) -> None:
+    """A version-5 store: one system prompt per conversation ("Be brief.", the
+    one it had last), two turns, an arena vote; no per-reply system prompt."""
+    from app.store import schema
+
+    conn = sqlite3.connect(path)
+    for statement in (schema.CREATE_CONVERSATIONS, _V4_MESSAGES, schema.CREATE_LAYOUT, schema.CREATE_ARENA_VOTES,
+                      schema.CREATE_META, *schema.CREATE_INDEXES):
+        conn.execute(statement)
+    conn.execute(
+        """INSERT INTO conversations (id, title, created_at, updated_at, system_prompt, params, model_id,
+                                      context_policy, kept_ids) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+        (CONV, "Trip", 100.0, 200.0, "Be brief.", PARAMS, "smollm", "stop", pack_ids([1, 2, 3, 7, 8, 9])),
+    )
+    conn.executemany(
+        "INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            (CONV, 0, "user", "Where to?", b"", "complete", None, None, None, None, 101.0, None, None),
+            (CONV, 1, "assistant", "Paris.", pack_ids([7, 8, 9]), "complete", "smollm", PARAMS, STATS, None, 102.0,
+             6, None),
+        ],
+    )
+    conn.execute(
+        "INSERT INTO arena_votes (arena_id, created_at, prompt, outcome, winner, sides) VALUES (?, ?, ?, ?, ?, ?)",
+        (CONV, 103.0, "Where to?", "tie", None, "[]"),
+    )
+    conn.execute("INSERT INTO meta VALUES ('session', 'clean')")
+    conn.execute("PRAGMA user_version = 5")
+    conn.commit()
+    conn.close()
+
+
+def test_v5_to_v6_keeps_each_replys_system_prompt(tmp_path: Path) -> None:
+    from app.store.export import to_markdown
+
+    path = tmp_path / "v5.sqlite3"
+    build_v5(path)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("BEGIN")
+    migrations.migrate_v5_to_v6(conn)
+    conn.execute("COMMIT")
+    # Which prompt a v5 reply saw is not known: NULL, never a guess from the conversation's last one.
+    rows = conn.execute("SELECT position, text, turn_mark, system_prompt FROM messages ORDER BY position").fetchall()
+    assert rows == [(0, "Where to?", None, None), (1, "Paris.", 6, None)]
+    assert conn.execute("SELECT prompt, outcome FROM arena_votes").fetchall() == [("Where to?", "tie")]
+    conn.close()
+
+    path = tmp_path / "v5-opened.sqlite3"  # the same file, migrated by the store's own open
+    build_v5(path)
+    with ChatStore.open(path, recover=False) as store:
+        assert store.schema_version == SCHEMA_VERSION
+        migrated = schema_of(store._conn)
+        trip = store.load_conversation(CONV)
+        assert [(m.text, m.system_prompt) for m in trip.messages] == [("Where to?", None), ("Paris.", None)]
+        assert trip.system_prompt == "Be brief." and trip.kept_ids == [1, 2, 3, 7, 8, 9]
+        # A turn after the migration under a new prompt: its reply keeps the prompt it was written under.
+        trip.system_prompt = "Answer in French."
+        trip.append_user("And then?")
+        index = trip.begin_reply(trip.kept_ids + [10])
+        trip.end_reply("complete", text="Lyon.", token_ids=[11])
+        store.save_conversation(trip)
+    with ChatStore.open(path, recover=False) as store:
+        again = store.load_conversation(CONV)
+    assert [m.system_prompt for m in again.messages] == [None, None, None, "Answer in French."]
+    assert index == 3
+    # The export does not claim the new prompt for the reply written before it.
+    md = to_markdown(again)
+    assert "## System prompt of new replies\n\n> Answer in French." in md and "## System prompt\n" not in md
+    assert md.index("Paris.") < md.index("*System prompt not known") < md.index("Lyon.") < md.index(
+        "*System prompt: “Answer in French.”*")
     fresh = sqlite3.connect(":memory:")
     create_schema(fresh)
     assert migrated == schema_of(fresh)

@@ -226,9 +226,15 @@ def test_busy_pane_refuses_a_new_message(tiny_engine: Engine) -> None:
             await workspace.regenerate(first.id)
         with pytest.raises(PaneBusyError):
             await workspace.edit_and_resend(first.id, 0, "edited")
-        # An idle pane still takes a message while others stream.
-        other = await workspace.send("three", targets=[idle.id])
+        with pytest.raises(PaneBusyError):  # skipping every target is no send either
+            await workspace.send("two", targets=[first.id, second.id], skip_busy=True)
+        # As the window sends: a busy pane does not hold back a broadcast; the idle one takes it.
+        other = await workspace.send("three", targets=[idle.id, second.id], skip_busy=True)
+        assert other.pane_ids == [idle.id]
+        assert other.skipped == [second]
         await other.wait()
+        assert [m.text for m in idle.conversation.messages if m.role == "user"] == ["three"]
+        assert [m.text for m in second.conversation.messages if m.role == "user"] == ["one"]
         workspace.stop()
         await turn.wait()
 

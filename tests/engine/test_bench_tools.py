@@ -8,10 +8,14 @@ from pathlib import Path
 
 import gguf
 import numpy as np
+import pytest
+import torch
 
 from bench.common import gguf_bytes_per_token, machine_line, parse_cpuinfo
 from bench.llamacpp import BatchedRow, parse_batched_bench
+from bench.perplexity import round_to_int8_groups
 from bench.throughput import goals
+from engine.model.quant import QuantLinear, cpu_kernel_available, quantize
 
 # Captured from `llama-batched-bench -m SmolLM2-135M-Instruct.Q4_1.gguf -t 2 -tb 2 -c 3392
 # -b 2048 -ub 512 -npp 40 -ntg 64 -npl 1,4,16,32` (llama.cpp from llama-cpp-python 0.3.36),
@@ -128,3 +132,17 @@ def test_goals_pass_or_fail_on_the_ratios_they_name() -> None:
     }
     # Without llama.cpp in the run, its goals are not claimed either way.
     assert [g["goal"] for g in goals({"decode_tok_s": {"tandem": {"1": 1.0}}})] == []
+
+
+@pytest.mark.skipif(not cpu_kernel_available(), reason="the native quantized CPU kernel does not run here")
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_1"])
+def test_perplexity_bench_rounds_inputs_as_the_kernel_does(fmt: str) -> None:
+    """bench/perplexity.py's emulated variants are only as true as this rounding."""
+    generator = torch.Generator().manual_seed(0)
+    weight = quantize(torch.randn(96, 128, generator=generator), fmt)
+    x = torch.randn(5, 128, generator=generator) * torch.linspace(0.01, 4.0, 128)  # groups of unlike scales
+    kernel = QuantLinear(weight)(x)
+    emulated = torch.nn.functional.linear(round_to_int8_groups(x), weight.dequantize())
+    unrounded = torch.nn.functional.linear(x, weight.dequantize())
+    assert (kernel - emulated).abs().max() < 1e-4 * kernel.abs().max()
+    assert (kernel - unrounded).abs().max() > 100 * (kernel - emulated).abs().max()  # rounding is what differs

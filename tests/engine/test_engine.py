@@ -248,3 +248,44 @@ def test_closed_engine_refuses_work(default_model_dir: Path) -> None:
         eng.generate(chat("Hi!"), params=GREEDY)
     with pytest.raises(EngineClosedError):
         eng.reset_prefix_cache()
+
+
+# -- the sampling of a request given no SamplingParams ----------------------------------
+
+
+def test_a_request_without_params_samples_with_the_ecosystems_defaults(engine: Engine) -> None:
+    # The default model's generation_config.json recommends nothing: llama.cpp's defaults apply.
+    assert engine.recommended_sampling == {}
+    assert engine.default_sampling == SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
+    spelled_out = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=5, max_tokens=16)
+    assert engine.generate(chat("Hi!"), seed=5, max_tokens=16) == engine.generate(chat("Hi!"), params=spelled_out)
+
+
+def test_a_request_without_params_samples_as_the_model_recommends(default_model_dir: Path, tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    # The default model with a generation_config.json that recommends greedy
+    # decoding; its weights linked, not copied (97 MB).
+    folder = tmp_path / "recommending"
+    folder.mkdir()
+    for path in default_model_dir.iterdir():
+        if path.name == "model.safetensors":
+            (folder / path.name).symlink_to(path)
+        elif path.is_file():
+            shutil.copyfile(path, folder / path.name)
+    config = json.loads((folder / "generation_config.json").read_text(encoding="utf-8"))
+    config.update(temperature=0.0, top_k=20)
+    (folder / "generation_config.json").write_text(json.dumps(config), encoding="utf-8")
+    haiku = chat("Write a haiku about the sea.")
+    with Engine(folder, device="cpu") as eng:
+        assert eng.default_sampling == SamplingParams(temperature=0.0, top_k=20)
+        expected = eng.generate(haiku, params=SamplingParams(temperature=0.0, max_tokens=12))
+        # Tandem's defaults sample another reply with this seed; the model's advice is greedy.
+        assert eng.generate(haiku, params=SamplingParams(seed=1, max_tokens=12)) != expected
+        # Keyword options change single fields of the recommendation (a seed does nothing to a greedy reply).
+        assert eng.generate(haiku, max_tokens=12, seed=1) == expected
+        assert [o.text for o in eng.generate_outputs([haiku] * 2, max_tokens=12, seed=1)] == [expected] * 2
+        # SamplingParams given win over the model's advice.
+        hot = SamplingParams(temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, seed=1, max_tokens=12)
+        assert eng.generate(haiku, params=hot) != expected

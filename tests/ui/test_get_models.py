@@ -24,6 +24,11 @@ model_files = test_hub.model_files
 hub = test_hub.hub
 
 
+@pytest.fixture(autouse=True)
+def _event_loop(loop: Any) -> None:
+    """The window's event loop, set for this thread: the dialogs' jobs push their reports through it."""
+
+
 @pytest.fixture
 def registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ModelRegistry:
     monkeypatch.setenv("TANDEM_DATA_DIR", str(tmp_path / "data"))

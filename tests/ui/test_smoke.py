@@ -73,6 +73,13 @@ def test_smoke_test_at_a_given_size_with_more_panes_reports_the_start_up(default
     assert times is not None, result.stdout
     first_frame, window, ready = map(float, times.groups())
     assert first_frame <= window <= ready  # the frame before the heavy imports, the model after the window
+    stages = re.search(r"loading: asked ([\d.]+) s, .*weights ([\d.]+) s, warm-up ([\d.]+) s, ready ([\d.]+) s",
+                       result.stdout)
+    assert stages is not None, result.stdout
+    asked, weights, warm_up, loaded = map(float, stages.groups())
+    assert window <= asked <= weights <= warm_up <= loaded <= ready
+    # The windows' minimum sizes are set once: no size hints for the offscreen platform to refuse.
+    assert "propagateSizeHints" not in result.stderr
     from PySide6.QtGui import QImage
 
     image = QImage(str(out))

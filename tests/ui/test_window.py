@@ -111,20 +111,28 @@ async def test_pane_stop_button_stops_only_that_pane(loop: Any, make_window: Any
 
 
 @on_loop()
-async def test_a_busy_pane_refuses_visibly(loop: Any, make_window: Any) -> None:
+async def test_a_busy_pane_refuses_visibly_and_a_broadcast_skips_it(loop: Any, make_window: Any) -> None:
     window = make_window(panes=2, max_tokens=1500, ignore_eos=True)
     ws = window.workspace
-    first = ws.panes[0]
+    first, second = ws.panes
     window.composer.set_targets([first.id])
     send(window, "Keep going.")
     await wait_until(lambda: first.busy, what="pane 1 to start")
-    window.composer.set_targets([p.id for p in ws.panes])
     send(window, "Second message")
     await wait_until(lambda: window.composer.notice.isVisible(), what="the refusal")
     assert "still replying" in window.composer.notice.text()
     assert first.title in window.composer.notice.text()
     assert window.composer.edit.toPlainText() == "Second message"  # kept for resending
-    assert ws.panes[1].conversation.messages == []  # nothing was sent anywhere
+    # Sent to every pane, the message goes to the idle one, and the window says which was skipped.
+    window.composer.notice.hide()
+    window.composer.set_targets([first.id, second.id])
+    send(window, "Second message")
+    await wait_until(lambda: window.composer.notice.isVisible(), what="the skipped note")
+    assert window.composer.notice.text() == (
+        f"Sent to {second.title}; {first.title} was skipped because it is still replying.")
+    assert window.composer.edit.toPlainText() == ""
+    assert [m.text for m in second.conversation.messages if m.role == "user"] == ["Second message"]
+    assert [m.text for m in first.conversation.messages if m.role == "user"] == ["Keep going."]
     window.stop_action.trigger()  # Esc
     await wait_until(lambda: all_idle(window), what="the stop")
 

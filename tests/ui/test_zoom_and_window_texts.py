@@ -130,12 +130,15 @@ def test_a_remote_panes_meter_counts_what_the_server_reported(window_of: Any) ->
 
 
 def test_the_loading_banner_names_each_stage_once() -> None:
-    from ui.window.banner import describe_stage
+    from engine.progress import LoadProgress
+    from ui.window.banner import loading_text
 
-    assert describe_stage("import", "Importing model.gguf…") == "Importing model.gguf…"
-    assert describe_stage("warmup", "Warming up") == "Warming up"
-    assert describe_stage("weights", "layer 3 of 30") == "Loading weights: layer 3 of 30"
-    assert describe_stage("warmup", "") == "Warming up"
+    assert loading_text("M", LoadProgress("import", 0, 9, "Importing model.gguf…")) == "Loading M: importing model.gguf…"
+    assert loading_text("M", LoadProgress("warmup", 0, 2, "Warming up")) == "Loading M: warming up…"
+    assert loading_text("M", LoadProgress("warmup", 0, 2, "")) == "Loading M: warming up…"
+    assert loading_text("M", None) == "Loading M: starting the engine…"
+    assert loading_text("M", LoadProgress("import", 9, 9, "Importing model.gguf…")) == (
+        "Loading M: the one-time import is done; preparing the kernels and the weights…")
 
 
 def test_the_status_bar_says_loading_only_while_a_model_loads(qtbot: Any) -> None:

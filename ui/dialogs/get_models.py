@@ -9,21 +9,19 @@ recommended one is selected. Download fetches it in the background
 Pause/Resume and Cancel; the new model is then registered and
 `model_added(id)` is emitted, so the model manager lists it.
 
-Every network call runs on a daemon thread that never touches Qt: it
-records its outcome under a lock and a timer on the GUI thread shows it (as
-the model manager's import does; see ui/event_loop.py for why no signals
-cross threads). Without a network the status line says so in one line.
+Every network call runs on a daemon thread that never touches Qt: its
+progress and outcome are pushed to the GUI thread through the event loop
+(ui/dialogs/background_job.py, as the model manager's import). Without a
+network the status line says so in one line.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
@@ -47,11 +45,11 @@ from app.models.errors import DownloadCancelledError, DownloadPausedError, HubOf
 from app.models.hub import ChoiceFit, HubModel, RepoFiles, assess_choices, repo_files, search_models
 from app.models.registry import ModelRegistry
 from engine.progress import format_bytes
+from ui.dialogs.background_job import BackgroundJob
 from ui.theme import muted_text_color
 
 log = logging.getLogger(__name__)
 
-_POLL_MS = 50
 _ROLE = Qt.ItemDataRole.UserRole
 
 
@@ -66,18 +64,15 @@ def format_count(count: int | None) -> str:
     return str(count)
 
 
-@dataclass(slots=True)
-class _Job:
-    """Work on a daemon thread; the GUI thread reads it under `lock`."""
-
-    name: str
-    on_done: Callable[[Any, BaseException | None], None]
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    thread: threading.Thread | None = None
-    result: Any = None
-    error: BaseException | None = None
-    finished: bool = False
-    progress: DownloadProgress | None = None
+def _fit_columns(tree: QTreeWidget) -> None:
+    """The first column takes the room left; every other one is as wide as
+    its heading or its widest cell, whichever is wider, before and after the
+    rows come (Qt's default 100 pixels cut "Fits this computer")."""
+    header = tree.header()
+    header.setStretchLastSection(False)
+    header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+    for column in range(1, header.count()):
+        header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
 
 
 class GetModelsDialog(QDialog):
@@ -90,8 +85,8 @@ class GetModelsDialog(QDialog):
         self.setWindowTitle("Get models")
         self.registry = registry
         self.device = device
-        self._jobs: list[_Job] = []
-        self._download: _Job | None = None
+        self._jobs: list[BackgroundJob[Any]] = []
+        self._download: BackgroundJob[DownloadProgress] | None = None
         self._control: DownloadControl | None = None
         self._listing: RepoFiles | None = None
         self._fits: list[ChoiceFit] = []
@@ -119,8 +114,7 @@ class GetModelsDialog(QDialog):
         self.results.setAlternatingRowColors(True)
         self.results.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.results.setAccessibleName("Search results")
-        self.results.header().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
-        self.results.header().setStretchLastSection(False)
+        _fit_columns(self.results)
         self.results.currentItemChanged.connect(lambda *_: self.show_files())
 
         self.files = QTreeWidget(self)
@@ -130,8 +124,7 @@ class GetModelsDialog(QDialog):
         self.files.setAlternatingRowColors(True)
         self.files.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.files.setAccessibleName("Files to download")
-        self.files.header().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
-        self.files.header().setStretchLastSection(False)
+        _fit_columns(self.files)
         self.files.currentItemChanged.connect(lambda *_: self._update_buttons())
         self.files.itemActivated.connect(lambda *_: self.download())
         self.files_label = QLabel("Choose a model to see its files.", self)
@@ -196,10 +189,6 @@ class GetModelsDialog(QDialog):
         for first, second in zip(order, order[1:]):
             QWidget.setTabOrder(first, second)
 
-        self._poll = QTimer(self)
-        self._poll.setInterval(_POLL_MS)
-        self._poll.timeout.connect(self._poll_jobs)
-
         em = self.fontMetrics().averageCharWidth()
         self.resize(em * 120, self.fontMetrics().lineSpacing() * 34)
         self._update_buttons()
@@ -207,49 +196,23 @@ class GetModelsDialog(QDialog):
 
     # -- background work -----------------------------------------------------------
 
-    def _start(self, name: str, work: Callable[[_Job], Any], on_done: Callable[[Any, BaseException | None], None]) -> _Job:
-        job = _Job(name, on_done)
+    def _start(self, name: str, work: Callable[[Callable[[Any], None]], Any],
+               on_done: Callable[[Any, BaseException | None], None],
+               on_progress: Callable[[Any], None] | None = None) -> BackgroundJob[Any]:
+        def done(result: Any, error: BaseException | None) -> None:
+            self._jobs.remove(job)
+            on_done(result, error)
 
-        def run() -> None:
-            try:
-                result = work(job)
-            except BaseException as exc:  # reported on the GUI thread
-                with job.lock:
-                    job.error, job.finished = exc, True
-            else:
-                with job.lock:
-                    job.result, job.finished = result, True
-
-        job.thread = threading.Thread(target=run, name=f"tandem-{name}", daemon=True)
+        job = BackgroundJob(self, name, work, done, on_progress)
         self._jobs.append(job)
-        job.thread.start()
-        self._poll.start()
-        return job
-
-    def _poll_jobs(self) -> None:
-        if self._download is not None:
-            with self._download.lock:
-                progress = self._download.progress
-            if progress is not None:
-                self._show_progress(progress)
-        for job in list(self._jobs):
-            with job.lock:
-                finished, result, error = job.finished, job.result, job.error
-            if finished:
-                self._jobs.remove(job)
-                job.on_done(result, error)
-        if not self._jobs:
-            self._poll.stop()
+        return job.start()
 
     def busy(self) -> bool:
         return bool(self._jobs)
 
     def wait_idle(self, timeout: float) -> bool:
         """Block until the background threads end (for tests and shutdown)."""
-        for job in list(self._jobs):
-            if job.thread is not None:
-                job.thread.join(timeout)
-        return not any(job.thread is not None and job.thread.is_alive() for job in self._jobs)
+        return all([job.join(timeout) for job in list(self._jobs)])
 
     def _say(self, text: str, error: bool = False) -> None:
         self.status_label.setText(text)
@@ -270,7 +233,7 @@ class GetModelsDialog(QDialog):
         sort = self.sort_box.currentData()
         self.search_button.setEnabled(False)
         self._say(f"Searching Hugging Face for “{text}”…" if text else "Listing the most popular models…")
-        self._start("hub-search", lambda job: search_models(text, sort=sort), self._searched)
+        self._start("hub-search", lambda _report: search_models(text, sort=sort), self._searched)
 
     def _searched(self, found: list[HubModel] | None, error: BaseException | None) -> None:
         self.search_button.setEnabled(True)
@@ -288,8 +251,6 @@ class GetModelsDialog(QDialog):
             ])
             item.setData(0, _ROLE, model.repo_id)
             self.results.addTopLevelItem(item)
-        for column in range(1, 6):
-            self.results.resizeColumnToContents(column)
         count = len(self._results)
         self._say(f"{count} model{'s' if count != 1 else ''} Tandem can run." if count
                   else "No model Tandem runs matches that; try another name.")
@@ -314,7 +275,7 @@ class GetModelsDialog(QDialog):
         device = self.device
         dest = self.registry.imports_dir
 
-        def work(job: _Job) -> tuple[RepoFiles, list[ChoiceFit]]:
+        def work(_report: Callable[[Any], None]) -> tuple[RepoFiles, list[ChoiceFit]]:
             listing = repo_files(repo_id)
             return listing, assess_choices(listing, device, dest=dest)
 
@@ -345,8 +306,6 @@ class GetModelsDialog(QDialog):
             self.files.addTopLevelItem(item)
             if fit.recommended:
                 recommended = item
-        for column in range(1, 4):
-            self.files.resizeColumnToContents(column)
         free = self._fits[0] if self._fits else None
         listing = self._listing
         if free is None:
@@ -390,14 +349,8 @@ class GetModelsDialog(QDialog):
         choice = fit.choice
         registry = self.registry
 
-        def record(job: _Job) -> Callable[[DownloadProgress], None]:
-            def report(progress: DownloadProgress) -> None:
-                with job.lock:
-                    job.progress = progress
-            return report
-
-        def work(job: _Job) -> ModelEntry:
-            return download_choice(registry, listing, choice, on_progress=record(job), control=control)
+        def work(report: Callable[[DownloadProgress], None]) -> ModelEntry:
+            return download_choice(registry, listing, choice, on_progress=report, control=control)
 
         kept = partial_bytes(self.registry.imports_dir, listing, choice)
         self.progress_label.setText(
@@ -409,7 +362,8 @@ class GetModelsDialog(QDialog):
         self.progress_row.show()
         self._say("")
         self._download = self._start(
-            "hub-download", work, lambda entry, error: self._downloaded(listing, choice.label, entry, error))
+            "hub-download", work, lambda entry, error: self._downloaded(listing, choice.label, entry, error),
+            on_progress=self._show_progress)
         self._update_buttons()
         self.pause_button.setFocus()
 

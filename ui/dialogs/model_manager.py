@@ -5,10 +5,9 @@ models" (ui/dialogs/get_models.py: search Hugging Face and download), adds a mod
 folder, imports a GGUF file (with a progress bar and a Cancel button) and
 removes models. A model's details hold what it loads with, kept per model
 in the registry: "Quantize at load" and "Context length" (see
-ui/dialogs/load_choices.py). An import runs on a daemon thread that never touches Qt: it
-only records its progress and outcome under a lock, and a timer on the GUI
-thread shows them. (Emitting Qt signals from plain Python threads crashed
-PySide6 6.8+ in this project's test runs; see ui/event_loop.py.)
+ui/dialogs/load_choices.py). An import runs on a daemon thread that never touches Qt:
+its progress and outcome are pushed to the GUI thread through the event loop
+(ui/dialogs/background_job.py).
 
 Message boxes and file dialogs are opened with `open()`, never `exec()`: a
 nested event loop would stall the asyncio callbacks qasync runs on Qt's loop.
@@ -22,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from PySide6.QtCore import QEvent, Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtGui import QColor, QKeySequence, QPalette, QShortcut
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -57,15 +56,15 @@ from app.models.registry import (
 )
 from engine.errors import EngineError
 from engine.progress import LoadProgress, display_path, format_bytes
+from ui.dialogs.background_job import BackgroundJob
 from ui.dialogs.get_models import GetModelsDialog
 from ui.dialogs.load_choices import LoadChoices
 from ui.widgets.file_folders import remember, start_folder
 from ui.theme import muted_text_color
+from ui.window.status_bar import describe_arithmetic, explain_arithmetic
 
 log = logging.getLogger(__name__)
 
-# How often the GUI thread looks at a running import (a progress bar needs no more).
-_POLL_MS = 50
 
 def format_parameters(count: int) -> str:
     """134_515_008 -> '135M', 7_241_732_096 -> '7.2B'."""
@@ -80,16 +79,11 @@ def format_parameters(count: int) -> str:
 
 @dataclass(slots=True)
 class _ImportJob:
-    """A GGUF import on its own thread; the GUI thread reads it under `lock`."""
+    """A GGUF import on its own thread (`job`), stopped by setting `cancel`."""
 
     path: Path
     cancel: threading.Event
-    lock: threading.Lock
-    thread: threading.Thread | None = None
-    progress: LoadProgress | None = None
-    entry: ModelEntry | None = None
-    error: BaseException | None = None
-    finished: bool = False
+    job: BackgroundJob[LoadProgress] | None = None
 
 
 class ModelManagerDialog(QDialog):
@@ -156,6 +150,7 @@ class ModelManagerDialog(QDialog):
             ("dtype", "Stored as"),
             ("size", "Size on disk"),
             ("memory", "Memory to run"),
+            ("arithmetic", "Computes with"),
             ("source", "Source"),
         ):
             value = QLabel(self.details_box)
@@ -259,10 +254,6 @@ class ModelManagerDialog(QDialog):
         for first, second in zip(order, order[1:]):
             QWidget.setTabOrder(first, second)
 
-        self._poll = QTimer(self)
-        self._poll.setInterval(_POLL_MS)
-        self._poll.timeout.connect(self._poll_import)
-
         em = self.fontMetrics().averageCharWidth()
         # Tall enough for the details with both notes; they scroll in a shorter window.
         self.resize(em * 128, self.fontMetrics().lineSpacing() * 38)
@@ -345,9 +336,12 @@ class ModelManagerDialog(QDialog):
         estimate = self._estimate(details, quantize, entry.max_context if entry is not None else None)
         if isinstance(estimate, EngineError):  # e.g. CUDA chosen in the settings, none here
             labels["memory"].setText(str(estimate))
+            labels["arithmetic"].setText("")
         else:
             where = "this computer's memory" if estimate.device == "cpu" else "the GPU"
             labels["memory"].setText(f"{estimate.describe()}, in {where}")
+            labels["arithmetic"].setText(describe_arithmetic(estimate.weights, estimate.dtype))
+            labels["arithmetic"].setToolTip(explain_arithmetic(estimate.weights, estimate.dtype))
         self.load_choices.show(model_id, entry, details, estimate)
 
     def _estimate(
@@ -454,23 +448,14 @@ class ModelManagerDialog(QDialog):
         """Start importing `path` on a background thread; returns at once."""
         if self._job is not None:
             return
-        job = _ImportJob(Path(path), threading.Event(), threading.Lock())
+        job = _ImportJob(Path(path), threading.Event())
+        registry = self.registry
 
-        def record(progress: LoadProgress) -> None:
-            with job.lock:
-                job.progress = progress
+        def work(report: Callable[[LoadProgress], None]) -> ModelEntry:
+            return registry.import_gguf(job.path, on_progress=report, cancel=job.cancel)
 
-        def work() -> None:
-            try:
-                entry = self.registry.import_gguf(job.path, on_progress=record, cancel=job.cancel)
-            except BaseException as exc:  # reported on the GUI thread
-                with job.lock:
-                    job.error, job.finished = exc, True
-            else:
-                with job.lock:
-                    job.entry, job.finished = entry, True
-
-        job.thread = threading.Thread(target=work, name="tandem-gguf-import", daemon=True)
+        job.job = BackgroundJob(self, "gguf-import", work, lambda entry, error: self._imported(job, entry, error),
+                                on_progress=lambda progress: self._import_progress(job, progress))
         self._job = job
         self.import_label.setText(f"Reading {job.path.name}…")
         self.progress_bar.setRange(0, 0)  # busy until the first report
@@ -478,8 +463,7 @@ class ModelManagerDialog(QDialog):
         self.import_row.show()
         self.status_label.clear()
         self._update_buttons()
-        job.thread.start()
-        self._poll.start()
+        job.job.start()
         self.cancel_button.setFocus()
 
     def cancel_import(self) -> None:
@@ -488,20 +472,14 @@ class ModelManagerDialog(QDialog):
             self.cancel_button.setEnabled(False)
             self.import_label.setText(f"Cancelling the import of {self._job.path.name}…")
 
-    def _poll_import(self) -> None:
-        job = self._job
-        if job is None:
-            self._poll.stop()
+    def _import_progress(self, job: _ImportJob, progress: LoadProgress) -> None:
+        if job.cancel.is_set():
             return
-        with job.lock:
-            progress, finished, entry, error = job.progress, job.finished, job.entry, job.error
-        if progress is not None and not job.cancel.is_set():
-            self.progress_bar.setRange(0, 1000)
-            self.progress_bar.setValue(round(progress.fraction * 1000))
-            self.import_label.setText(progress.detail)
-        if not finished:
-            return
-        self._poll.stop()
+        self.progress_bar.setRange(0, 1000)
+        self.progress_bar.setValue(round(progress.fraction * 1000))
+        self.import_label.setText(progress.detail)
+
+    def _imported(self, job: _ImportJob, entry: ModelEntry | None, error: BaseException | None) -> None:
         self._job = None
         self.import_row.hide()
         if entry is not None:
@@ -524,10 +502,7 @@ class ModelManagerDialog(QDialog):
     def wait_for_import(self, timeout: float) -> bool:
         """Block until the running import's thread ends (for tests and shutdown)."""
         job = self._job
-        if job is None or job.thread is None:
-            return True
-        job.thread.join(timeout)
-        return not job.thread.is_alive()
+        return job is None or job.job is None or job.job.join(timeout)
 
     # -- removing ----------------------------------------------------------------
 

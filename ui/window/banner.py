@@ -17,19 +17,35 @@ if TYPE_CHECKING:
     from app.workspace.workspace import Workspace
     from engine.progress import LoadProgress
 
-_STAGES = {"import": "Importing", "weights": "Loading weights", "warmup": "Warming up", "ready": "Ready"}
+_STAGES = {"import": "Importing", "weights": "Reading the weights", "warmup": "Warming up", "ready": "Ready"}
+# Before the engine's first report it is starting: importing PyTorch (seconds). After a
+# one-time import it prepares its kernels (on a first launch from source, the C compiler
+# builds the CPU ones: seconds) before the weights' first report (docs/benchmarks.md).
+STARTING = "starting the engine"
+IMPORTED = "the one-time import is done; preparing the kernels and the weights"
 
 
 def describe_stage(stage: str, detail: str) -> str:
-    """'Loading weights: layer 3 of 30'; a detail that already names its stage
-    ("Importing model.gguf…", "Warming up") is shown alone, not after it again."""
-    label = _STAGES.get(stage, stage)
+    """What loading is doing now, once: the engine's own sentence ("Reading the
+    weights onto cpu, kept as q4_1+q8_0 for the quantized kernels"), else the stage's name."""
     detail = (detail or "").strip()
-    if not detail:
-        return label
-    if detail.lower().rstrip(".…").startswith(label.lower()):
-        return detail
-    return f"{label}: {detail}"
+    return detail or _STAGES.get(stage, stage)
+
+
+def loading_text(name: str, progress: LoadProgress | None) -> str:
+    """The banner's one sentence: 'Loading SmolLM2: reading the weights onto cpu, kept as q4_1'."""
+    if progress is not None and progress.stage == "ready":
+        return f"{name or 'The model'} is ready."
+    if progress is None:
+        doing = STARTING
+    elif progress.stage == "import" and progress.total and progress.done >= progress.total:
+        doing = IMPORTED
+    else:
+        doing = describe_stage(progress.stage, progress.detail)
+    first = doing.split(maxsplit=1)[0] if doing.strip() else ""
+    if first[:1].isupper() and first[1:].islower():  # "Reading …" continues the sentence; "SmolLM2 …" stays
+        doing = doing[0].lower() + doing[1:]
+    return f"Loading {name or 'the model'}: {doing.rstrip('.…')}…"
 
 
 class LoadingBanner(QFrame):
@@ -61,12 +77,10 @@ class LoadingBanner(QFrame):
     def show_progress(self, progress: LoadProgress | None, name: str = "") -> None:
         self.retry.hide()
         self.progress.show()
-        what = f"Loading {name}…" if name else "Loading model…"
+        self.label.setText(loading_text(name, progress))
         if progress is None:
-            self.label.setText(what)
             self.progress.setRange(0, 0)
             return
-        self.label.setText(f"{what} {describe_stage(progress.stage, progress.detail)}")
         if progress.total:
             self.progress.setRange(0, progress.total)
             self.progress.setValue(progress.done)

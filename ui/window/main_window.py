@@ -44,6 +44,7 @@ from ui.panes.compare_bar import CompareBar
 from ui.panes.composer import Composer, ModelHint
 from ui.panes.pane_settings import PaneSettingsPopover
 from ui.panes.pane_view import PaneView
+from ui.startup import set_window_minimum
 from ui.theme import is_dark
 from ui.window.actions import WindowShortcuts, build_actions, refresh_enabled, shortcut_rows
 from ui.window.arena import WindowArena
@@ -226,7 +227,8 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(warning, 20000)
         if session is not None and session.warning:
             self.store_banner.show_problem(session.warning)
-        self.preferences.restore_geometry()
+        set_window_minimum(self)
+        self.preferences.restore_window_state()
 
     # -- the panes -----------------------------------------------------------------------
 

@@ -44,8 +44,11 @@ class PaneCommands:
         composer.set_sending(True)
 
         async def go() -> None:
-            await window.workspace.send(text, targets)
+            turn = await window.workspace.send(text, targets, skip_busy=True)
             composer.clear()
+            if turn.skipped:
+                sent = [window.workspace.pane(pid).title for pid in turn.pane_ids]
+                composer.show_notice(skipped_notice(sent, [pane.title for pane in turn.skipped]), 12.0)
 
         window.run_task(go(), "Sending", on_done=lambda: composer.set_sending(False))
 
@@ -264,6 +267,7 @@ class PaneCommands:
             set_remote=lambda url, model, key: workspace.set_remote(pane_id, url, model, key),
             set_local=lambda: workspace.set_local(pane_id),
             context_policy=conv.context_policy,
+            thinking=conv.thinking if workspace.has_thinking_switch(pane_id) else None,
         )
         popover.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         popover.destroyed.connect(lambda: setattr(window, "popover", None))
@@ -277,6 +281,9 @@ class PaneCommands:
                 policy = popover.context_policy.currentData()
                 if policy != conv.context_policy:
                     workspace.set_context_policy(pane_id, policy)
+                think = popover.think_before_answering
+                if think is not None and think.isChecked() != conv.thinking:
+                    workspace.set_thinking(pane_id, think.isChecked())
             except Exception as exc:
                 window.report_error("Changing the settings", exc)
 
@@ -287,3 +294,14 @@ class PaneCommands:
         popover.move(anchor.x() - popover.width(), anchor.y())
         popover.show()
         popover.temperature.setFocus()
+
+
+def skipped_notice(sent: list[str], skipped: list[str]) -> str:
+    """One sentence: where a broadcast went and which targets it left out because they were still replying."""
+    one = len(skipped) == 1
+    return (f"Sent to {_listed(sent)}; {_listed(skipped)} {'was' if one else 'were'} skipped "
+            f"because {'it is' if one else 'they are'} still replying.")
+
+
+def _listed(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + f" and {names[-1]}"

@@ -1,4 +1,5 @@
-"""The window's saved settings: Preferences, the theme, and the window's geometry.
+"""The window's saved settings: Preferences, the theme, the window's geometry
+and whether the Chats sidebar is shown.
 
 `settings` are the saved ones (written back on change and at close);
 `engine_settings` what this run loads models with (the saved ones plus
@@ -30,6 +31,7 @@ assert ZOOM_STEPS[0] == MIN_TEXT_ZOOM and ZOOM_STEPS[-1] == MAX_TEXT_ZOOM
 # What Preferences edits; the engine's fields apply at the next model load.
 ENGINE_KEYS = ("device", "dtype", "threads", "kv_cache_mb", "page_size")
 PREFERENCE_KEYS = (*ENGINE_KEYS, "default_params", "default_system_prompt", "context_policy", "theme")
+SIDEBAR_STATE_KEY = "sidebar_shown"  # in settings.ui_state: False once the user hid the Chats sidebar
 
 
 class WindowPreferences:
@@ -112,11 +114,19 @@ class WindowPreferences:
         if self.uses_theme("system"):
             apply_theme(QApplication.instance(), "system")
 
-    def restore_geometry(self) -> None:
-        state = self._window.settings.ui_state or {}
+    def restore_window_state(self) -> None:
+        """The window where it was, and the Chats sidebar hidden if the user hid it (Ctrl+B)."""
+        window = self._window
+        state = window.settings.ui_state or {}
         geometry = state.get("geometry")
         if isinstance(geometry, str):
-            self._window.restoreGeometry(QByteArray.fromBase64(geometry.encode("ascii")))
+            window.restoreGeometry(QByteArray.fromBase64(geometry.encode("ascii")))
+        dock = window.sidebar_dock
+        if dock is not None:
+            if state.get(SIDEBAR_STATE_KEY) is False:
+                dock.hide()
+            # Saved when toggled, not only at exit: a crash does not bring it back either.
+            dock.toggleViewAction().toggled.connect(lambda _shown: self.persist())
 
     def persist(self) -> None:
         if not self._save:
@@ -125,6 +135,9 @@ class WindowPreferences:
         try:
             state = dict(window.settings.ui_state or {})
             state["geometry"] = bytes(window.saveGeometry().toBase64().data()).decode("ascii")
+            if window.sidebar_dock is not None:
+                # The action, not the dock: it is already checked while its toggled signal runs.
+                state[SIDEBAR_STATE_KEY] = window.sidebar_dock.toggleViewAction().isChecked()
             window.settings.ui_state = state
             window.settings.save()
         except Exception as exc:  # a read-only config folder must not stop the app closing

@@ -21,16 +21,40 @@ STATS_INTERVAL_MS = 500
 MESSAGE_GAP_CHARS = 3
 
 
+_KERNEL_SUFFIXES = (" (kernel)", " (triton)")  # EngineStats.weights of a model run quantized
+_DEQUANTIZED = " (dequantized from "
+
+
+def describe_arithmetic(weights: str, dtype: str) -> str:
+    """How a model's products are computed, from EngineStats.weights:
+    "q4_1+q8_0 kernels, int8 activations", "float32, dequantized from q4_1", "bfloat16"."""
+    for suffix in _KERNEL_SUFFIXES:
+        if weights.endswith(suffix):
+            return f"{weights.removesuffix(suffix)} kernels, int8 activations"
+    if _DEQUANTIZED in weights:
+        kept, source = weights.removesuffix(")").split(_DEQUANTIZED, 1)
+        return f"{kept}, dequantized from {source}"
+    return weights or dtype
+
+
+def explain_arithmetic(weights: str, dtype: str) -> str:
+    """A sentence for the tooltip: what the arithmetic means for the replies."""
+    if weights.endswith(_KERNEL_SUFFIXES):
+        return ("The quantized weights run on Tandem's kernels, which round each row of activations to int8 "
+                "as llama.cpp does: the same arithmetic as llama.cpp on the same file. Greedy replies can "
+                "differ from those of the weights dequantized to floats.")
+    if _DEQUANTIZED in weights:
+        return ("The quantized weights were expanded to floats at load: float arithmetic throughout, more "
+                "memory and slower than the kernels. Greedy replies can differ from llama.cpp's on the same file.")
+    return f"Float weights: every product is computed in {weights or dtype}."
+
+
 def describe_stats(stats: EngineStats) -> str:
-    """'cpu · q4_1 · KV pages 3 used / 10 cached / 87 free · prefix hits 80% · 41 tok/s'."""
-    device = stats.device
+    """'cpu · q4_1 kernels, int8 activations · KV pages 3 used / 10 cached / 87 free · prefix hits 80% · 41 tok/s'."""
     dtype = str(stats.dtype).replace("torch.", "")
-    weights = stats.weights
-    if weights.endswith(" (kernel)"):  # kept quantized: the formats say more than the input dtype
-        dtype = weights.removesuffix(" (kernel)")
     text = (
-        f"{device} · {dtype} · KV pages {stats.pages_used} used / {stats.pages_cached} cached / "
-        f"{stats.pages_free} free · prefix hits {stats.prefix_hit_rate:.0%}"
+        f"{stats.device} · {describe_arithmetic(stats.weights, dtype)} · KV pages {stats.pages_used} used / "
+        f"{stats.pages_cached} cached / {stats.pages_free} free · prefix hits {stats.prefix_hit_rate:.0%}"
     )
     if stats.running:
         text += f" · {stats.decode_tokens_per_s:.0f} tok/s"
@@ -74,6 +98,8 @@ class WindowStatusBar(QStatusBar):
         """Describe `stats`; None (nothing loaded to ask) keeps what is shown."""
         if stats is not None:
             self.engine_label.setText(describe_stats(stats))
+            dtype = str(stats.dtype).replace("torch.", "")
+            self.engine_label.setToolTip(explain_arithmetic(stats.weights, dtype))
 
     def show_no_model(self) -> None:
         self.engine_label.setText("No model loaded")
