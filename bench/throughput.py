@@ -148,7 +148,7 @@ def tandem_worker(name: str, args: argparse.Namespace, sizes: list[int]) -> dict
     if args.dtype != "auto" and name == "auto":
         options["dtype"] = args.dtype
     with Engine(
-        "default", device=args.device, deterministic=args.deterministic, threads=args.threads, **options,
+        args.model, device=args.device, deterministic=args.deterministic, threads=args.threads, **options,
     ) as engine:
         info: dict = {
             "variant": name,
@@ -243,6 +243,7 @@ def worker_command(spec: str, args: argparse.Namespace, hf_folder: Path | None) 
         sys.executable, str(Path(__file__).resolve()), "--worker", spec,
         "--batch-sizes", args.batch_sizes, "--new-tokens", str(args.new_tokens),
         "--repeats", str(args.repeats), "--device", args.device, "--dtype", args.dtype,
+        "--model", args.model,
     ]
     if args.threads and not (args.adaptive_threads and spec.startswith("tandem:")):
         command += ["--threads", str(args.threads)]
@@ -267,11 +268,10 @@ def run_worker(spec: str, args: argparse.Namespace, hf_folder: Path | None) -> d
 
 def run_llamacpp(args: argparse.Namespace, sizes: list[int], prompt_tokens: int) -> dict:
     from bench import llamacpp
-    from engine.formats.default_model import default_gguf_path
 
     with OtherLoad() as other:
         rows = llamacpp.run_batched_bench(
-            default_gguf_path(), sizes, args.threads, prompt_tokens, args.new_tokens,
+            gguf_file(args.model), sizes, args.threads, prompt_tokens, args.new_tokens,
         )
     return {
         "threads": args.threads,
@@ -297,12 +297,19 @@ def best_of(runs: list[dict]) -> dict:
     return best
 
 
-def mean_prompt_tokens(batch: int) -> int:
+def gguf_file(model: str) -> Path:
+    """The GGUF file of --model: the default model's, or the file named."""
+    from engine.formats.default_model import default_gguf_path
+
+    return default_gguf_path() if model == "default" else Path(model)
+
+
+def mean_prompt_tokens(batch: int, model: str = "default") -> int:
     """Tokens per prompt of Tandem's chat prompts, by its tokenizer: llama.cpp gets as many."""
     from engine.formats.default_model import resolve_model
     from engine.model.tokenizer import Tokenizer
 
-    tokenizer = Tokenizer.from_folder(resolve_model("default"))
+    tokenizer = Tokenizer.from_folder(resolve_model(model))
     lengths = [len(tokenizer.encode_chat(p)) for p in chat_prompts(batch)]
     return round(sum(lengths) / len(lengths))
 
@@ -418,6 +425,10 @@ def main() -> None:
     )
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # tandem:<variant> | transformers:<dtype>
     parser.add_argument("--hf-folder", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--model", default="default",
+        help="a .gguf file to measure instead of the default model (every peer runs the same file)",
+    )
     args = parser.parse_args()
     sizes = [int(s) for s in args.batch_sizes.split(",")]
 
@@ -439,16 +450,16 @@ def main() -> None:
 
     import torch
 
-    from engine.formats.default_model import default_gguf_path, resolve_model
+    from engine.formats.default_model import resolve_model
 
-    folder = resolve_model("default")
+    folder = resolve_model(args.model)
     result: dict = {"new_tokens": args.new_tokens, "decode_tok_s": {}, "prefill_tok_s": {}, "engines": {}}
     on_cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
     if on_cpu:
         threads = args.threads
         with OtherLoad() as other:
             bandwidth = read_bandwidth_gbs(threads)
-        weight_bytes = gguf_bytes_per_token(default_gguf_path())
+        weight_bytes = gguf_bytes_per_token(gguf_file(args.model))
         result["read_limit"] = {
             "read_bandwidth_gbs": bandwidth, "threads": threads, "weight_bytes_per_token": weight_bytes,
             "b1_limit_tok_s": round(bandwidth * 1e9 / weight_bytes, 1), "other_busy_cores": other.cores,
@@ -463,7 +474,7 @@ def main() -> None:
         try:
             llamacpp.build()
             peers.append(("llamacpp", "llamacpp"))
-            prompt_tokens = mean_prompt_tokens(max(sizes))
+            prompt_tokens = mean_prompt_tokens(max(sizes), args.model)
         except llamacpp.Unavailable as why:
             result["llamacpp_skipped"] = str(why)
             print(f"llama.cpp skipped: {why}", file=sys.stderr)
