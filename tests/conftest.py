@@ -171,9 +171,10 @@ def _read_each_gguf_file_once_in_transformers() -> None:
 # long file left for last keeps one worker busy while the other idles.
 LONGEST_FILES = (
     "engine/test_cli.py", "engine/test_deterministic.py", "engine/test_lifecycle.py", "engine/test_engine.py",
-    "engine/test_gguf_import.py", "engine/test_server.py", "engine/test_hostile_models.py",
-    "ui/test_crash_recovery.py", "ui/test_smoke.py", "engine/test_config.py",
-    "engine/test_default_path_reference.py", "engine/test_memory_footprint.py",
+    "ui/test_smoke.py", "ui/test_model_manager.py", "ui/test_crash_recovery.py", "app/test_workspace.py",
+    "engine/test_triton_kernels.py", "engine/test_server.py", "ui/test_window.py", "engine/test_gguf_import.py",
+    "engine/test_memory_footprint.py", "engine/test_hostile_models.py", "engine/test_config.py",
+    "app/test_chat_session.py", "engine/test_default_path_reference.py",
 )
 
 
