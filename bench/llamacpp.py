@@ -7,7 +7,10 @@ The source is the llama.cpp vendored in the llama-cpp-python sdist (a pinned
 version from PyPI, the one index the build machines reach). `llama-batched-bench`
 and `llama-bench` are built with cmake (Release, CPU only, `-march=native`:
 the build is per machine) into a cache folder named by the version and a hash
-of the CPU's flags, and reused from there on later runs. Where there is no C++
+of the CPU's flags, and reused from there on later runs; the cmake build folder
+stays there, so a target added later builds incrementally. `llama-quantize`,
+`llama-perplexity` and `llama-completion` are built beside them for
+bench/kquant_check.py. Where there is no C++
 compiler or cmake, `build()` raises `Unavailable` with what is missing
 (`pip install cmake` into the venv provides cmake).
 
@@ -26,7 +29,6 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +42,7 @@ except ImportError:  # Windows: no lock; do not start two builds at once there
     fcntl = None  # type: ignore[assignment]
 
 VERSION = "0.3.36"  # llama-cpp-python; its sdist vendors llama.cpp's source
-TARGETS = ("llama-batched-bench", "llama-bench")
+TARGETS = ("llama-batched-bench", "llama-bench", "llama-quantize", "llama-perplexity", "llama-completion")
 
 
 class Unavailable(RuntimeError):
@@ -89,6 +91,20 @@ def _sdist(log) -> Path:
     return found[0]
 
 
+def source_dir(log=lambda line: print(line, file=sys.stderr)) -> Path:
+    """llama.cpp's source folder from the llama-cpp-python sdist, extracted once
+    (its convert_hf_to_gguf.py and gguf-py are used as they are)."""
+    root = cache_root() / "llamacpp-source"
+    found = sorted(root.glob("*/vendor/llama.cpp"))
+    if found:
+        return found[0]
+    root.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(_sdist(log)) as archive:
+        members = [m for m in archive.getmembers() if "/vendor/llama.cpp/" in m.name + "/"]
+        archive.extractall(root, members=members, filter="data")
+    return next(root.glob("*/vendor/llama.cpp"))
+
+
 def build(log=lambda line: print(line, file=sys.stderr)) -> Path:
     """The folder holding bin/llama-batched-bench, built now if not already. Raises Unavailable."""
     folder = build_dir()
@@ -110,31 +126,58 @@ def _build_into(folder: Path, log) -> None:
     missing = [what for what, found in (("cmake (pip install cmake)", cmake), ("a C++ compiler", compiler)) if not found]
     if missing:
         raise Unavailable(f"llama.cpp not built: this machine lacks {' and '.join(missing)}")
-    sdist = _sdist(log)
-    with tempfile.TemporaryDirectory(dir=folder) as tmp:
-        with tarfile.open(sdist) as archive:
-            members = [m for m in archive.getmembers() if "/vendor/llama.cpp/" in m.name + "/"]
-            archive.extractall(tmp, members=members, filter="data")
-        source = next(Path(tmp).glob("*/vendor/llama.cpp"))
-        work = Path(tmp) / "build"
-        generator = ["-G", "Ninja"] if _tool("ninja") else []
-        configure = [
-            cmake, "-S", str(source), "-B", str(work), *generator,
-            "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DGGML_CUDA=OFF", "-DGGML_METAL=OFF",
-            "-DGGML_VULKAN=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DBUILD_SHARED_LIBS=OFF",
-            "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF",
-            "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_APP=OFF", f"-DCMAKE_CXX_COMPILER={compiler}",
-        ]
-        jobs = str(os.cpu_count() or 1)
-        steps = [configure, [cmake, "--build", str(work), "--target", *TARGETS, "-j", jobs]]
-        for step in steps:
-            log(f"llama.cpp build: {' '.join(step[:3])} ... (minutes on 2 cores)")
-            done = subprocess.run(step, capture_output=True, text=True)
-            if done.returncode != 0:
-                raise Unavailable(f"llama.cpp build failed: {(done.stdout + done.stderr).strip()[-2000:]}")
-        (folder / "bin").mkdir(exist_ok=True)
-        for target in TARGETS:
-            shutil.copy2(work / "bin" / target, binary(target, folder))
+    source = source_dir(log)
+    # Kept between builds: a target added to TARGETS later reuses the libraries built before.
+    work = folder / "build"
+    generator = ["-G", "Ninja"] if _tool("ninja") else []
+    configure = [
+        cmake, "-S", str(source), "-B", str(work), *generator,
+        "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DGGML_CUDA=OFF", "-DGGML_METAL=OFF",
+        "-DGGML_VULKAN=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DBUILD_SHARED_LIBS=OFF",
+        "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF",
+        "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_APP=OFF", f"-DCMAKE_CXX_COMPILER={compiler}",
+    ]
+    missing_targets = [t for t in TARGETS if not binary(t, folder).exists()]
+    jobs = str(os.cpu_count() or 1)
+    steps = [configure, [cmake, "--build", str(work), "--target", *missing_targets, "-j", jobs]]
+    for step in steps:
+        log(f"llama.cpp build: {' '.join(step[:3])} ... (minutes on 2 cores)")
+        done = subprocess.run(step, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise Unavailable(f"llama.cpp build failed: {(done.stdout + done.stderr).strip()[-2000:]}")
+    (folder / "bin").mkdir(exist_ok=True)
+    for target in missing_targets:
+        shutil.copy2(work / "bin" / target, binary(target, folder))
+
+
+def convert_hf_to_gguf(folder: Path, outfile: Path, outtype: str) -> Path:
+    """llama.cpp's own convert_hf_to_gguf.py on a Hugging Face folder (its
+    gguf-py on the path; it imports sentencepiece: `pip install
+    sentencepiece` if that is missing). `outtype`: f32, f16, bf16 or q8_0."""
+    source = source_dir()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(source / "gguf-py"), os.environ.get("PYTHONPATH")])))
+    partial = outfile.with_name(outfile.name + ".partial")
+    done = subprocess.run(
+        [sys.executable, str(source / "convert_hf_to_gguf.py"), str(folder), "--outtype", outtype,
+         "--outfile", str(partial)],
+        env=env, capture_output=True, text=True,
+    )
+    if done.returncode != 0:
+        raise Unavailable(f"convert_hf_to_gguf.py failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    partial.replace(outfile)
+    return outfile
+
+
+def quantize_gguf(source: Path, outfile: Path, qtype: str, threads: int = 2) -> Path:
+    """`llama-quantize source outfile qtype` (Q4_K_M, Q5_K_M, Q6_K, ...), as a
+    user makes a quantized file from an F16 one."""
+    partial = outfile.with_name(outfile.name + ".partial")
+    command = [str(binary("llama-quantize", build())), str(source), str(partial), qtype, str(threads)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise Unavailable(f"llama-quantize failed ({done.returncode}): {(done.stdout + done.stderr)[-1500:]}")
+    partial.replace(outfile)
+    return outfile
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,17 @@
 """The weight products of one decode step, kernel by kernel.
 
-    .venv/bin/python bench/quant_kernels.py [--rows 1,16] [--threads 2]
+    .venv/bin/python bench/quant_kernels.py [--rows 1,16] [--threads 2] [--shapes qwen3-0.6b]
 
-For the default model's shapes (30 layers of fused q/k/v, o, fused
-gate/up and down products, plus the 49152-row LM head), the time of every
-product of one step with M rows: oneDNN fp32 (engine.model.linear.Linear, the
-dequantized model), bf16, and the quantized formats on the native kernel
-(engine.model.quant.QuantLinear), beside torch's own weight-only CPU kernels where
-this build has them. Random weights: the time depends on shapes only.
+For a model's shapes (default: the default model's 30 layers of fused
+q/k/v, o, fused gate/up and down products, plus the 49152-row LM head), the
+time of every product of one step with M rows: oneDNN fp32
+(engine.model.linear.Linear, the dequantized model), bf16, and the quantized
+formats on the native kernel (engine.model.quant.QuantLinear), beside
+torch's own weight-only CPU kernels where this build has them. Random
+weights: the time depends on shapes only. The GGUF block formats (q4_k,
+q6_k, ...) run as a llama.cpp file holds them: the LM head q6_k (Q4_K_M's
+choice) and, where a matrix's inputs are not whole 256-weight super-blocks
+(the default model's 576), llama-quantize's fallback type instead.
 Prints one JSON object: milliseconds per step, best of --repeats, and the
 machine (CPU model and flags, threads, load average).
 """
@@ -27,11 +31,15 @@ import torch  # noqa: E402
 
 from bench.common import machine, machine_line  # noqa: E402
 from engine.model.linear import Linear  # noqa: E402
-from engine.model.quant import QuantLinear, quantize  # noqa: E402
+from engine.model.quant import RAW_BLOCK_FORMATS, QuantLinear, quantize, random_raw_weight  # noqa: E402
 
-LAYERS = 30
-HIDDEN, INTER, QKV, VOCAB = 576, 1536, 960, 49152
-SHAPES = [(QKV, HIDDEN), (HIDDEN, HIDDEN), (2 * INTER, HIDDEN), (HIDDEN, INTER)]
+# name -> (layers, hidden, intermediate, q/k/v rows, attention output width, vocabulary)
+MODEL_SHAPES = {
+    "smollm2-135m": (30, 576, 1536, 960, 576, 49152),
+    "qwen3-0.6b": (28, 1024, 3072, 4096, 2048, 151936),
+}
+# llama-quantize's type for a matrix whose inputs are not whole super-blocks.
+K_QUANT_FALLBACK = {"q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}
 
 
 def timed(step: Callable[[], None], repeats: int) -> float:
@@ -44,9 +52,21 @@ def timed(step: Callable[[], None], repeats: int) -> float:
     return round(best * 1000, 2)
 
 
-def weights(gen: torch.Generator) -> list[torch.Tensor]:
-    layer = [torch.randn(shape, generator=gen) * 0.02 for shape in SHAPES]
-    return layer * LAYERS + [torch.randn(VOCAB, HIDDEN, generator=gen) * 0.02]
+def weights(gen: torch.Generator, shapes: str) -> list[torch.Tensor]:
+    layers, hidden, inter, qkv, attention, vocab = MODEL_SHAPES[shapes]
+    matrices = [(qkv, hidden), (hidden, attention), (2 * inter, hidden), (hidden, inter)]
+    layer = [torch.randn(shape, generator=gen) * 0.02 for shape in matrices]
+    return layer * layers + [torch.randn(vocab, hidden, generator=gen) * 0.02]
+
+
+def raw_weight(fmt: str, w: torch.Tensor, gen: torch.Generator) -> QuantLinear:
+    """`w`'s shape in the GGUF block format `fmt` (random blocks), or in
+    llama-quantize's fallback where its inputs are not whole super-blocks."""
+    if w.shape[1] % RAW_BLOCK_FORMATS[fmt][0]:
+        fmt = K_QUANT_FALLBACK[fmt]
+        if fmt not in RAW_BLOCK_FORMATS:
+            return QuantLinear(quantize(w, fmt))
+    return QuantLinear(random_raw_weight(fmt, w.shape[0], w.shape[1], gen))
 
 
 def products(name: str, floats: list[torch.Tensor]) -> list[Callable[[torch.Tensor], torch.Tensor]]:
@@ -58,6 +78,9 @@ def products(name: str, floats: list[torch.Tensor]) -> list[Callable[[torch.Tens
     if name in ("q8_0", "q4_0", "q4_1"):
         # The LM head stays q8_0, as llama.cpp's 4-bit mixes keep it.
         return [QuantLinear(quantize(w, name if i < len(floats) - 1 else "q8_0")) for i, w in enumerate(floats)]
+    if name in RAW_BLOCK_FORMATS:
+        gen = torch.Generator().manual_seed(1)
+        return [raw_weight(name if i < len(floats) - 1 else "q6_k", w, gen) for i, w in enumerate(floats)]
     if name == "torch_int8pack":
         out = []
         for w in floats:
@@ -73,18 +96,19 @@ def main() -> None:
     parser.add_argument("--rows", default="1,16")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--kernels", default="float32,bfloat16,q8_0,q4_0,q4_1,torch_int8pack")
+    parser.add_argument("--kernels", default="float32,bfloat16,q8_0,q4_0,q4_1,q4_k,q6_k,torch_int8pack")
+    parser.add_argument("--shapes", choices=sorted(MODEL_SHAPES), default="smollm2-135m")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
-    floats = weights(gen)
-    result: dict = {"ms_per_step": {}}
+    floats = weights(gen, args.shapes)
+    result: dict = {"shapes": args.shapes, "ms_per_step": {}}
     for name in args.kernels.split(","):
         layers = products(name, floats)
         row_times = {}
         for rows in (int(r) for r in args.rows.split(",")):
-            inputs = {cols: torch.randn(rows, cols, generator=gen) for cols in (HIDDEN, INTER)}
+            inputs = {cols: torch.randn(rows, cols, generator=gen) for cols in {w.shape[1] for w in floats}}
             pairs = [(layer, inputs[w.shape[1]]) for layer, w in zip(layers, floats, strict=True)]
 
             def step(pairs=pairs) -> None:

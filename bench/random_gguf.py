@@ -1,6 +1,6 @@
 """A random-weight model of a real family's shape, as a GGUF file made by llama.cpp's own converter.
 
-    .venv/bin/python bench/random_gguf.py --shape gemma3-1b [--outtype q8_0] [--out DIR]
+    .venv/bin/python bench/random_gguf.py --shape gemma3-1b [--outtype q8_0|Q4_K_M|...] [--out DIR]
 
 For speed comparisons on families whose real weights are not on this machine
 (nothing is downloaded from a model hub): transformers builds the model with
@@ -8,25 +8,25 @@ its own random initialisation at the real shape (vocabulary included), the
 default model's tokenizer files go beside it, and convert_hf_to_gguf.py from
 the llama.cpp that bench/llamacpp.py builds writes the GGUF file (its
 gguf-py on the path; the converter imports sentencepiece: `pip install
-sentencepiece` if it is missing). Prints the file's path. Speed depends on
-the shape and the formats, not on the values, so the figures hold for the
-real models of that shape.
+sentencepiece` if it is missing); a K-quant type (`--outtype Q4_K_M`) is
+made from the converter's f16 file by llama-quantize, as a user makes one.
+Prints the file's path. Speed depends on the shape and the formats, not on
+the values, so the figures hold for the real models of that shape.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.llamacpp import _sdist, cache_root  # noqa: E402
+from bench.llamacpp import Unavailable, cache_root, convert_hf_to_gguf, quantize_gguf  # noqa: E402
 
+# convert_hf_to_gguf.py's own --outtype values; other types go through llama-quantize.
+CONVERTER_TYPES = ("f32", "f16", "bf16", "q8_0")
 # The shapes of the published checkpoints (their config.json), by name.
 SHAPES: dict[str, tuple[str, dict]] = {
     "gemma3-1b": ("Gemma3TextConfig", dict(
@@ -45,19 +45,6 @@ SHAPES: dict[str, tuple[str, dict]] = {
         rope_theta=1e6, tie_word_embeddings=True,
     )),
 }
-
-
-def converter_source() -> Path:
-    """llama.cpp's source folder from the llama-cpp-python sdist, extracted once."""
-    root = cache_root() / "llamacpp-source"
-    found = sorted(root.glob("*/vendor/llama.cpp"))
-    if found:
-        return found[0]
-    root.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(_sdist(lambda line: print(line, file=sys.stderr))) as archive:
-        members = [m for m in archive.getmembers() if "/vendor/llama.cpp/" in m.name + "/"]
-        archive.extractall(root, members=members, filter="data")
-    return next(root.glob("*/vendor/llama.cpp"))
 
 
 def make_folder(shape: str, folder: Path) -> Path:
@@ -87,7 +74,9 @@ def make_folder(shape: str, folder: Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), required=True)
-    parser.add_argument("--outtype", default="q8_0", help="the converter's --outtype: f32, f16, bf16, q8_0")
+    parser.add_argument("--outtype", default="q8_0",
+                        help="the converter's --outtype (f32, f16, bf16, q8_0), or a llama-quantize type "
+                             "(Q4_K_M, Q5_K_M, Q6_K, ...) made from the converter's f16 file")
     parser.add_argument("--out", default=None, help="folder for the model and the file (default: the bench cache)")
     args = parser.parse_args()
 
@@ -99,15 +88,16 @@ def main() -> None:
     folder = out / f"{args.shape}-random"
     if not (folder / "config.json").exists():
         make_folder(args.shape, folder)
-    source = converter_source()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(source / "gguf-py"), os.environ.get("PYTHONPATH")])))
-    done = subprocess.run(
-        [sys.executable, str(source / "convert_hf_to_gguf.py"), str(folder), "--outtype", args.outtype,
-         "--outfile", str(gguf)],
-        env=env, capture_output=True, text=True,
-    )
-    if done.returncode != 0:
-        sys.exit(f"convert_hf_to_gguf.py failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    try:
+        if args.outtype.lower() in CONVERTER_TYPES:
+            convert_hf_to_gguf(folder, gguf, args.outtype.lower())
+        else:
+            f16 = out / f"{args.shape}-random-f16.gguf"
+            if not f16.exists():
+                convert_hf_to_gguf(folder, f16, "f16")
+            quantize_gguf(f16, gguf, args.outtype)
+    except Unavailable as why:
+        sys.exit(str(why))
     print(gguf)
 
 

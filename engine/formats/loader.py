@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from engine.errors import FolderWriteError, ModelLoadError
+from engine.errors import CorruptSafetensorsError, FolderWriteError, ModelLoadError
 from engine.formats.model_json import shown_value
 from engine.formats.safetensors import count_tensors, read_tensors, weight_files
 from engine.formats.staged_folder import (
@@ -52,10 +52,11 @@ from engine.formats.weight_names import (  # the rules the app checks folders by
     LM_HEAD_NAME,
     expected_weights,
     is_model_weight,
+    model_weight_name,
     quantized_layer_weights,
 )
 from engine.model.config import ModelConfig, check_layer_indices, hf_layer_indices, read_config_json
-from engine.model.families import family_named
+from engine.model.families import family_named, text_model_config
 from engine.config import QUANTIZE_MODES, QUANTIZED_COMPUTE
 from engine.model.linear import Linear
 from engine.model.decoder import LayerWeights, DecoderModel, Product
@@ -66,6 +67,7 @@ from engine.model.quant import (
     QUANTIZE_FORMATS,
     QUANTIZED_TABLE_FORMAT,
     ConcatLinear,
+    RAW_BLOCK_FORMATS,
     QuantizedTensor,
     QuantLinear,
     cpu_kernel_available,
@@ -236,7 +238,7 @@ def load_model(
     quant_linear = _quant_linear(dev) if compute == "kernel" else None
 
     files = weight_files(folder)
-    total = count_tensors(files) + config.num_hidden_layers + 1
+    total = count_tensors(files, keep=is_model_weight) + config.num_hidden_layers + 1
     detail = f"Reading the weights onto {dev.type}, kept as " + (
         f"{'+'.join(sorted(set(formats.values())))} for the quantized kernels" if compute == "kernel"
         else str(dt).removeprefix("torch.") + (f", dequantized from {'+'.join(sorted(set(formats.values())))}"
@@ -246,9 +248,14 @@ def load_model(
     reporter.report("weights", done, total, detail)
     expected = expected_weights(config)
     tensors: dict[str, torch.Tensor] = {}
-    for name, tensor in read_tensors(files):
-        if is_model_weight(name):
-            tensors[name] = tensor
+    for name, tensor in read_tensors(files, keep=is_model_weight):
+        loaded_name = model_weight_name(name)
+        if loaded_name in tensors:
+            raise CorruptSafetensorsError(
+                f"{folder}: the weight '{loaded_name}' is stored twice (also as '{name}'). "
+                "Download the model's .safetensors files again."
+            )
+        tensors[loaded_name] = tensor
         done += 1
         reporter.report("weights", done, total, detail)
     # A config.json whose layer count the weights do not have is refused with
@@ -274,10 +281,8 @@ def load_model(
                     f"config.json implies {shape}"
                 )
             return tensor.to(device=dev, dtype=dt)
-        data, scales = pop(name + ".qdata"), pop(name + ".scales")
-        mins = pop(name + ".mins") if fmt == "q4_1" else None
         try:
-            weight = QuantizedTensor(fmt, data, scales, mins)
+            weight = stored_quantized(pop, name, fmt)
         except ValueError as exc:
             raise ModelLoadError(f"{folder}: quantized weight '{name}' is inconsistent: {exc}") from None
         if weight.shape != shape:
@@ -433,6 +438,17 @@ def _as_float(weight: torch.Tensor | QuantizedTensor, dtype: torch.dtype, device
     return weight
 
 
+def stored_quantized(pop: Callable[[str], torch.Tensor], name: str, fmt: str) -> QuantizedTensor:
+    """The weight `name` of format `fmt` from a folder's tensors (`pop` takes
+    one out by its safetensors name): `.qdata` and `.scales` (and q4_1's
+    `.mins`), or `.qdata` alone for a format kept as GGUF blocks. Raises
+    ValueError when the parts do not fit together."""
+    if fmt in RAW_BLOCK_FORMATS:
+        return QuantizedTensor(fmt, pop(name + ".qdata"))
+    data, scales = pop(name + ".qdata"), pop(name + ".scales")
+    return QuantizedTensor(fmt, data, scales, pop(name + ".mins") if fmt == "q4_1" else None)
+
+
 def read_weights(folder: str | Path) -> dict[str, torch.Tensor]:
     """Every weight of a checkpoint folder by its Hugging Face name, as
     float32 (block-quantized ones dequantized): what the folder means,
@@ -442,9 +458,7 @@ def read_weights(folder: str | Path) -> dict[str, torch.Tensor]:
     stored = dict(read_tensors(weight_files(folder)))
     out: dict[str, torch.Tensor] = {}
     for name, fmt in formats.items():
-        parts = [stored.pop(name + suffix) for suffix in (".qdata", ".scales")]
-        mins = stored.pop(name + ".mins") if fmt == "q4_1" else None
-        out[name] = QuantizedTensor(fmt, parts[0], parts[1], mins).dequantize()
+        out[name] = stored_quantized(stored.pop, name, fmt).dequantize()
     out.update((name, tensor.float()) for name, tensor in stored.items())
     return out
 
@@ -501,7 +515,8 @@ def quantized_copy(
         return dest
 
     config = ModelConfig.from_folder(source)
-    raw_config = read_config_json(source)
+    # A multimodal folder's copy is of its text model: the config it runs as, the weights it reads.
+    raw_config = dict(text_model_config(read_config_json(source)))
     layers = {
         f"model.layers.{i}.{name}" for i in range(config.num_hidden_layers) for name in quantized_layer_weights(config)
     }
@@ -510,7 +525,11 @@ def quantized_copy(
     reporter.report("import", 0, total, detail)
     out: dict[str, torch.Tensor] = {}
     kept: dict[str, str] = {}
-    for done, (name, tensor) in enumerate(read_tensors(files), 1):
+    for done, (stored_name, tensor) in enumerate(read_tensors(files), 1):
+        name = model_weight_name(stored_name)
+        if name is None:
+            reporter.report("import", done, total, detail)
+            continue
         target = fmt if name in layers else QUANTIZED_TABLE_FORMAT if name in (EMBEDDING_NAME, LM_HEAD_NAME) else None
         if target is not None and tensor.ndim == 2 and tensor.shape[1] % GROUP_SIZE == 0:
             q = quantize_weight(tensor, target)

@@ -16,13 +16,23 @@ and input j + 16 in its high one, so a GGUF block's bytes are copied as
 they are. `scales` (and `mins`) are float16 [N, K/32], as GGUF stores them.
 
 Compute (`QuantLinear`): the native kernel (engine/kernels/native/quant_matmul.c)
-quantizes each input row to int8 groups of 32 (as llama.cpp does), so every
-group's dot product is an integer one, and sums the groups in one fixed
-order: a row's result has the same bits whatever else is in the step and
-whichever instruction set runs it. It reads the weight in a "packed"
+quantizes each input row to int8 groups of 32 (as llama.cpp does; of 256
+for the K-quants, llama.cpp's q8_K: activation_block), so every block's dot
+product is an integer one, and sums the blocks in one fixed order: a row's
+result has the same bits whatever else is in the step and whichever
+instruction set runs it. It reads the weight in a "packed"
 layout (`PackedQuantizedTensor`, made once at load) where a vector lane is
 an output column: the GEMM-shaped tiles that make a batch of rows cost
 little more than one (bench/quant_kernels.py).
+
+Raw GGUF blocks (RAW_BLOCK_FORMATS: "q4_k", "q5_k", "q6_k", "q5_0",
+"q5_1"; a Q4_K_M file is Q4_K and Q6_K blocks) are kept byte for byte:
+`data` is uint8 [N, blocks * block bytes], each row's blocks in file order
+(ggml's block_q4_K etc.), `scales` and `mins` are None (they live inside
+the blocks). dequantize() computes what gguf-py's gguf.quants.dequantize
+computes, bit for bit. The packed layout keeps the same bytes, each field of
+a block (d, dmin, the packed scales, the levels) interleaved across the 8
+rows of an octet in 4-byte pieces (_RAW_FIELDS; quant_matmul.c's header).
 """
 
 from __future__ import annotations
@@ -39,9 +49,12 @@ from engine.model.quant_formats import (  # noqa: F401 - the formats' facts, re-
     FOLDER_FORMAT_VERSION,
     FORMATS,
     GROUP_SIZE,
+    KEPT_FORMATS,
     PACK_ROWS,
     QUANTIZE_FORMATS,
     QUANTIZED_TABLE_FORMAT,
+    RAW_BLOCK_FORMATS,
+    block_shape,
     quantized_nbytes,
 )
 
@@ -50,30 +63,45 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class QuantizedTensor:
-    """A [rows, cols] weight in one of FORMATS (see the module docstring)."""
+    """A [rows, cols] weight in one of KEPT_FORMATS (see the module docstring)."""
 
     format: str
     data: torch.Tensor
-    scales: torch.Tensor
+    scales: torch.Tensor | None = None
     mins: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
-        if self.format not in FORMATS:
-            raise ValueError(f"unknown quantized format {self.format!r}; known: {', '.join(FORMATS)}")
+        if self.format not in KEPT_FORMATS:
+            raise ValueError(f"unknown quantized format {self.format!r}; known: {', '.join(KEPT_FORMATS)}")
+        if self.format in RAW_BLOCK_FORMATS:
+            block_bytes = RAW_BLOCK_FORMATS[self.format][1]
+            if self.data.dtype != torch.uint8 or self.data.ndim != 2 or self.data.shape[1] % block_bytes:
+                raise ValueError(
+                    f"{self.format} weight: data must be uint8 rows of whole {block_bytes}-byte blocks, "
+                    f"got {self.data.dtype} {tuple(self.data.shape)}"
+                )
+            if self.scales is not None or self.mins is not None:
+                raise ValueError(f"{self.format} weight: scales and mins live inside its blocks")
+            return
         rows = self.data.shape[0]
         cols = self.cols
-        if cols % GROUP_SIZE or tuple(self.scales.shape) != (rows, cols // GROUP_SIZE):
+        if self.scales is None or cols % GROUP_SIZE or tuple(self.scales.shape) != (rows, cols // GROUP_SIZE):
             raise ValueError(
                 f"{self.format} weight with data {tuple(self.data.shape)} needs scales "
-                f"[{rows}, {cols // GROUP_SIZE}], got {tuple(self.scales.shape)}"
+                f"[{rows}, {cols // GROUP_SIZE}], got {None if self.scales is None else tuple(self.scales.shape)}"
             )
         if (self.format == "q4_1") != (self.mins is not None):
             raise ValueError(f"{self.format} weight: mins are {'missing' if self.mins is None else 'unexpected'}")
         if self.mins is not None and self.mins.shape != self.scales.shape:
-            raise ValueError(f"q4_1 weight: mins {tuple(self.mins.shape)} differ from scales {tuple(self.scales.shape)}")
+            raise ValueError(
+                f"q4_1 weight: mins {tuple(self.mins.shape)} differ from scales {tuple(self.scales.shape)}"
+            )
 
     @property
     def cols(self) -> int:
+        if self.format in RAW_BLOCK_FORMATS:
+            weights, block_bytes = RAW_BLOCK_FORMATS[self.format]
+            return self.data.shape[1] // block_bytes * weights
         return self.data.shape[1] * (1 if self.format == "q8_0" else 2)
 
     @property
@@ -82,11 +110,12 @@ class QuantizedTensor:
 
     @property
     def nbytes(self) -> int:
-        extra = self.mins.nbytes if self.mins is not None else 0
-        return self.data.nbytes + self.scales.nbytes + extra
+        return sum(t.nbytes for t in (self.data, self.scales, self.mins) if t is not None)
 
     def levels(self) -> torch.Tensor:
         """The integer q of every weight, int32 [rows, cols] (q4: 0..15)."""
+        if self.format in RAW_BLOCK_FORMATS:
+            raise ValueError(f"{self.format} weights have no single level per weight; dequantize them")
         if self.format == "q8_0":
             return self.data.to(torch.int32)
         rows = self.data.shape[0]
@@ -95,6 +124,11 @@ class QuantizedTensor:
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         rows, cols = self.shape
+        if self.format in RAW_BLOCK_FORMATS:
+            # float64: the exact weights; else gguf-py's float32 bits.
+            compute = torch.float64 if dtype == torch.float64 else torch.float32
+            return _dequantize_blocks(self.format, self.data, compute).view(rows, cols).to(dtype)
+        assert self.scales is not None
         q = self.levels().view(rows, -1, GROUP_SIZE).float()
         d = self.scales.float().unsqueeze(-1)
         if self.format == "q8_0":
@@ -106,32 +140,21 @@ class QuantizedTensor:
             w = q * d + self.mins.float().unsqueeze(-1)
         return w.view(rows, cols).to(dtype)
 
+    def _map(self, op) -> QuantizedTensor:  # noqa: ANN001 - a tensor -> tensor function
+        """The same weight with `op` applied to each stored part."""
+        parts = (self.data, self.scales, self.mins)
+        return QuantizedTensor(self.format, *(None if t is None else op(t) for t in parts))
+
     def take_rows(self, index: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Dequantized rows `index` (an embedding lookup), [*index.shape, cols]."""
         flat = index.reshape(-1)
-        part = QuantizedTensor(
-            self.format,
-            self.data.index_select(0, flat),
-            self.scales.index_select(0, flat),
-            None if self.mins is None else self.mins.index_select(0, flat),
-        )
-        return part.dequantize(dtype).view(*index.shape, self.cols)
+        return self._map(lambda t: t.index_select(0, flat)).dequantize(dtype).view(*index.shape, self.cols)
 
     def permute_rows(self, order: torch.Tensor) -> QuantizedTensor:
-        return QuantizedTensor(
-            self.format,
-            self.data[order].contiguous(),
-            self.scales[order].contiguous(),
-            None if self.mins is None else self.mins[order].contiguous(),
-        )
+        return self._map(lambda t: t[order].contiguous())
 
     def to(self, device: torch.device) -> QuantizedTensor:
-        return QuantizedTensor(
-            self.format,
-            self.data.to(device),
-            self.scales.to(device),
-            None if self.mins is None else self.mins.to(device),
-        )
+        return self._map(lambda t: t.to(device))
 
     @staticmethod
     def cat(parts: list[QuantizedTensor]) -> QuantizedTensor:
@@ -139,13 +162,80 @@ class QuantizedTensor:
         formats = {p.format for p in parts}
         if len(formats) != 1:
             raise ValueError(f"cannot stack weights of formats {sorted(formats)}")
-        mins = [p.mins for p in parts]
-        return QuantizedTensor(
-            parts[0].format,
-            torch.cat([p.data for p in parts]),
-            torch.cat([p.scales for p in parts]),
-            None if mins[0] is None else torch.cat(mins),  # type: ignore[arg-type]
-        )
+
+        def stacked(field: str) -> torch.Tensor | None:
+            tensors = [getattr(p, field) for p in parts]
+            return None if tensors[0] is None else torch.cat(tensors)
+
+        data = stacked("data")
+        assert data is not None
+        return QuantizedTensor(parts[0].format, data, stacked("scales"), stacked("mins"))
+
+
+# The fields of each raw block, (offset, bytes), in file order: what the
+# packed layout interleaves across an octet's rows (quant_matmul.c's header
+# and RAW_FIELDS there say the same).
+_RAW_FIELDS = {
+    "q4_k": ((0, 2), (2, 2), (4, 12), (16, 128)),  # d, dmin, 6-bit scales and mins, 4-bit levels
+    "q5_k": ((0, 2), (2, 2), (4, 12), (16, 32), (48, 128)),  # ... the fifth bits, then the 4-bit levels
+    "q6_k": ((0, 128), (128, 64), (192, 16), (208, 2)),  # low 4 bits, high 2 bits, int8 scales, d
+    "q5_0": ((0, 2), (2, 4), (6, 16)),  # d, the fifth bits, 4-bit levels
+    "q5_1": ((0, 2), (2, 2), (4, 4), (8, 16)),  # d, m, the fifth bits, 4-bit levels
+}
+
+
+def _f16(blocks: torch.Tensor, offset: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The float16 at byte `offset` of every block, as `dtype` [n, 1]."""
+    return blocks[:, offset : offset + 2].contiguous().view(torch.float16).to(dtype)
+
+
+def _nibbles(qs: torch.Tensor, span: int) -> torch.Tensor:
+    """[n, bytes] -> [n, bytes * 2 / span, span] 4-bit levels: each run of
+    `span` bytes gives its low nibbles, then its high ones (ggml's order)."""
+    runs = qs.reshape(qs.shape[0], -1, 1, span)
+    return torch.cat((runs & 0xF, runs >> 4), dim=2).reshape(qs.shape[0], -1, span)
+
+
+def _bits(qh: torch.Tensor) -> torch.Tensor:
+    """[n, bytes] little-endian bit fields -> [n, bytes * 8] of 0/1, bit j of byte j // 8 first."""
+    shifts = torch.arange(8, dtype=torch.int32)
+    return ((qh.unsqueeze(-1) >> shifts) & 1).reshape(qh.shape[0], -1)
+
+
+def _dequantize_blocks(fmt: str, data: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Raw GGUF blocks -> [blocks, weights], with gguf-py's float operations
+    in gguf-py's order: in float32 the same bits as gguf-py, in float64 the
+    exact values (every product of a scale and a level fits)."""
+    weights, block_bytes = RAW_BLOCK_FORMATS[fmt]
+    blocks = data.reshape(-1, block_bytes)
+    n = blocks.shape[0]
+    raw = blocks.to(torch.int32)
+    if fmt in ("q4_k", "q5_k"):
+        d, dmin = _f16(blocks, 0, dtype), _f16(blocks, 2, dtype)
+        packed = raw[:, 4:16].view(n, 3, 4)
+        low, high, extra = packed[:, 0], packed[:, 1], packed[:, 2]
+        sc = torch.cat((low & 0x3F, (extra & 0x0F) | ((low >> 2) & 0x30)), dim=1)
+        mn = torch.cat((high & 0x3F, (extra >> 4) | ((high >> 2) & 0x30)), dim=1)
+        scale = (d * sc.to(dtype)).unsqueeze(-1)
+        offset = (dmin * mn.to(dtype)).unsqueeze(-1)
+        q = _nibbles(raw[:, -128:], 32)
+        if fmt == "q5_k":
+            q = q | (_bits(raw[:, 16:48]).view(n, 32, 8).transpose(1, 2) << 4)
+        return (scale * q.to(dtype) - offset).reshape(n, weights)
+    if fmt == "q6_k":
+        low = _nibbles(raw[:, :128], 64).view(n, 2, 2, 64).reshape(n, 8, 32)
+        shifts = torch.tensor([0, 2, 4, 6], dtype=torch.int32).view(1, 1, 4, 1)
+        high = ((raw[:, 128:192].view(n, 2, 1, 32) >> shifts) & 3).reshape(n, 8, 32)
+        q = ((low | (high << 4)) - 32).view(n, 16, 16).to(dtype)
+        scale = (_f16(blocks, 208, dtype) * blocks[:, 192:208].view(torch.int8).to(dtype)).unsqueeze(-1)
+        return (scale * q).reshape(n, weights)
+    # q5_0 / q5_1: qh bit j is the fifth bit of weight j.
+    head = 2 if fmt == "q5_0" else 4
+    q = _nibbles(raw[:, head + 4 :], 16).reshape(n, 32) | (_bits(raw[:, head : head + 4]) << 4)
+    d = _f16(blocks, 0, dtype)
+    if fmt == "q5_0":
+        return d * (q - 16).to(dtype)
+    return d * q.to(dtype) + _f16(blocks, 2, dtype)
 
 
 @dataclass(slots=True)
@@ -153,19 +243,26 @@ class PackedQuantizedTensor(QuantizedTensor):
     """A QuantizedTensor in the kernels' packed layout (quant_matmul.c's
     header): `data` [octets, groups, 8 * bytes of a row's group] with the
     4-byte pieces of 8 output rows interleaved, `scales` (and `mins`)
-    [octets, groups, 8]. `rows` is the true row count (the last octet is
-    padded with zero rows). Made by pack_weight(); unpacked() gives the
-    plain layout back, bit for bit."""
+    [octets, groups, 8]; for the raw formats `data` [octets, blocks, 8 *
+    block bytes] (_raw_fields) and no scales. `rows` is the true row
+    count (the last octet is padded with zero rows). Made by pack_weight();
+    unpacked() gives the plain layout back, bit for bit."""
 
     rows: int = 0
 
     def __post_init__(self) -> None:
-        if self.format not in FORMATS:
-            raise ValueError(f"unknown quantized format {self.format!r}; known: {', '.join(FORMATS)}")
+        if self.format not in KEPT_FORMATS:
+            raise ValueError(f"unknown quantized format {self.format!r}; known: {', '.join(KEPT_FORMATS)}")
         octets, groups, width = self.data.shape
-        if width != _packed_width(self.format) or tuple(self.scales.shape) != (octets, groups, PACK_ROWS):
+        if self.format in RAW_BLOCK_FORMATS:
+            if width != _packed_width(self.format) or self.scales is not None or self.mins is not None:
+                raise ValueError(f"packed {self.format} weight with data {tuple(self.data.shape)} is not whole blocks")
+        elif width != _packed_width(self.format) or self.scales is None or (
+            tuple(self.scales.shape) != (octets, groups, PACK_ROWS)
+        ):
             raise ValueError(
-                f"packed {self.format} weight with data {tuple(self.data.shape)} has scales {tuple(self.scales.shape)}"
+                f"packed {self.format} weight with data {tuple(self.data.shape)} has scales "
+                f"{None if self.scales is None else tuple(self.scales.shape)}"
             )
         if not (octets - 1) * PACK_ROWS < self.rows <= octets * PACK_ROWS:
             raise ValueError(f"packed weight of {octets} octets cannot hold {self.rows} rows")
@@ -174,7 +271,7 @@ class PackedQuantizedTensor(QuantizedTensor):
 
     @property
     def cols(self) -> int:
-        return self.data.shape[1] * GROUP_SIZE
+        return self.data.shape[1] * block_shape(self.format)[0]
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -182,6 +279,16 @@ class PackedQuantizedTensor(QuantizedTensor):
 
     def unpacked(self) -> QuantizedTensor:
         octets, groups, _ = self.data.shape
+        if self.format in RAW_BLOCK_FORMATS:
+            plain = torch.empty(octets, PACK_ROWS, groups, RAW_BLOCK_FORMATS[self.format][1], dtype=torch.uint8)
+            packed = self.data
+            if self.format in ("q5_0", "q5_1"):
+                packed = packed.clone()
+                qh = _fifth_bits_field(self.format, packed)
+                qh.copy_(_reorder_fifth_bits(qh, back=True))
+            for target, source in _raw_fields(self.format, plain, packed):
+                target.copy_(source)
+            return QuantizedTensor(self.format, plain.view(octets * PACK_ROWS, -1)[: self.rows].clone())
         pieces = 8 if self.format == "q8_0" else 4
         data = self.data.view(octets, groups, pieces, PACK_ROWS, 4).permute(0, 3, 1, 2, 4)
         data = data.reshape(octets * PACK_ROWS, -1)[: self.rows].contiguous()
@@ -191,7 +298,7 @@ class PackedQuantizedTensor(QuantizedTensor):
                 return None
             return t.permute(0, 2, 1).reshape(octets * PACK_ROWS, groups)[: self.rows].contiguous()
 
-        return QuantizedTensor(self.format, data, per_row(self.scales), per_row(self.mins))  # type: ignore[arg-type]
+        return QuantizedTensor(self.format, data, per_row(self.scales), per_row(self.mins))
 
     def levels(self) -> torch.Tensor:
         return self.unpacked().levels()
@@ -210,7 +317,68 @@ class PackedQuantizedTensor(QuantizedTensor):
 
 
 def _packed_width(fmt: str) -> int:
+    if fmt in RAW_BLOCK_FORMATS:
+        return PACK_ROWS * RAW_BLOCK_FORMATS[fmt][1]
     return PACK_ROWS * (GROUP_SIZE if fmt == "q8_0" else GROUP_SIZE // 2)
+
+
+def _raw_fields(fmt: str, side_by_side: torch.Tensor, packed: torch.Tensor):  # noqa: ANN202
+    """Each field of the raw blocks as two views of the same bytes: in
+    `side_by_side` [octets, 8, blocks, bytes] (rows of file-order blocks) and
+    in `packed` [octets, blocks, 8 * bytes] (the kernels' layout), both
+    [octets, blocks, pieces, 8, piece bytes]. In the packed block each field
+    sits at 8 * its offset: a 2-byte field (fp16 d, dmin) as 8 rows x 2
+    bytes, a wider one as pieces of 4 bytes, piece p holding bytes
+    4p..4p+3 of each of the 8 rows (a 32-byte vector, a row per lane)."""
+    octets, _, blocks, _ = side_by_side.shape
+    for offset, width in _RAW_FIELDS[fmt]:
+        piece = 2 if width == 2 else 4
+        shape = (octets, blocks, width // piece, PACK_ROWS, piece)
+        plain = side_by_side[..., offset : offset + width].unflatten(-1, (width // piece, piece))
+        yield plain.permute(0, 2, 3, 1, 4), packed[..., PACK_ROWS * offset : PACK_ROWS * (offset + width)].view(shape)
+
+
+def _reorder_fifth_bits(qh: torch.Tensor, *, back: bool = False) -> torch.Tensor:
+    """q5_0 / q5_1's fifth bits [..., 4 bytes] as the kernels keep them
+    (quant_matmul.c fifth_bit_order): file bit 4k + b (weight 4k + b) at
+    bit 8b + k, file bit 16 + 4k + b at 8b + 4 + k. `back`: the inverse."""
+    word = sum(qh[..., i].to(torch.int64) << (8 * i) for i in range(4))
+    out = torch.zeros_like(word)
+    for j in range(32):
+        high, k, b = j // 16, (j % 16) // 4, j % 4
+        source, target = j, 8 * b + 4 * high + k
+        if back:
+            source, target = target, source
+        out |= ((word >> source) & 1) << target
+    return torch.stack([(out >> (8 * i)) & 0xFF for i in range(4)], dim=-1).to(torch.uint8)
+
+
+def _pack_raw(fmt: str, data: torch.Tensor, blocks: int) -> torch.Tensor:
+    """Raw blocks [rows, blocks * bytes] -> the packed [octets, blocks, 8 * bytes],
+    one strided copy per field (no copy of the whole beyond the result; q5_0 /
+    q5_1's fifth bits are then reordered in place)."""
+    rows = data.shape[0]
+    block_bytes = RAW_BLOCK_FORMATS[fmt][1]
+    octets, full = -(-rows // PACK_ROWS), rows // PACK_ROWS
+    out = torch.empty(octets, blocks, PACK_ROWS * block_bytes, dtype=torch.uint8)
+    parts = [(data[: full * PACK_ROWS], out[:full])]
+    if full < octets:  # the last octet, padded with zero rows
+        tail = data.new_zeros(PACK_ROWS, data.shape[1])
+        tail[: rows - full * PACK_ROWS] = data[full * PACK_ROWS :]
+        parts.append((tail, out[full:]))
+    for plain, packed in parts:
+        for source, target in _raw_fields(fmt, plain.view(-1, PACK_ROWS, blocks, block_bytes), packed):
+            target.copy_(source)
+    if fmt in ("q5_0", "q5_1"):
+        qh = _fifth_bits_field(fmt, out)
+        qh.copy_(_reorder_fifth_bits(qh))
+    return out
+
+
+def _fifth_bits_field(fmt: str, packed: torch.Tensor) -> torch.Tensor:
+    """The packed q5_0 / q5_1 fifth bits, a view [octets, blocks, 8 rows, 4 bytes]."""
+    offset = 8 * (2 if fmt == "q5_0" else 4)
+    return packed[..., offset : offset + 32].unflatten(-1, (PACK_ROWS, 4))
 
 
 def pack_weight(weight: QuantizedTensor) -> PackedQuantizedTensor:
@@ -219,13 +387,15 @@ def pack_weight(weight: QuantizedTensor) -> PackedQuantizedTensor:
     if isinstance(weight, PackedQuantizedTensor):
         return weight
     rows, cols = weight.shape
-    groups = cols // GROUP_SIZE
+    groups = cols // block_shape(weight.format)[0]
     octets = -(-rows // PACK_ROWS)
     pad = octets * PACK_ROWS - rows
 
     def padded(t: torch.Tensor) -> torch.Tensor:
         return t if not pad else torch.cat((t, t.new_zeros(pad, *t.shape[1:])))
 
+    if weight.format in RAW_BLOCK_FORMATS:
+        return PackedQuantizedTensor(weight.format, _pack_raw(weight.format, weight.data, groups), rows=rows)
     pieces = 8 if weight.format == "q8_0" else 4
     data = padded(weight.data).view(octets, PACK_ROWS, groups, pieces, 4).permute(0, 2, 3, 1, 4)
     data = data.reshape(octets, groups, _packed_width(weight.format)).contiguous()
@@ -284,6 +454,8 @@ def error_bound(q: QuantizedTensor) -> torch.Tensor:
     (a whole step for q4_0, whose scale maps the largest magnitude to -8 so
     the other sign's extreme is clamped at 7), plus the float16 rounding of
     the scales (relative 2**-11, times the largest level) and mins."""
+    if q.scales is None:
+        raise ValueError(f"{q.format} weights are kept as a file holds them; there is no rounding of ours to bound")
     eps = 2.0**-11
     d = q.scales.float().abs()
     if q.format == "q8_0":
@@ -296,17 +468,38 @@ def error_bound(q: QuantizedTensor) -> torch.Tensor:
     return bound.amax(-1)
 
 
+def activation_block(fmt: str) -> int:
+    """How many inputs share one int8 scale when the kernel quantizes a
+    product's input for weights in `fmt`: 256 for the K-quants (llama.cpp's
+    q8_K, one exact integer sum per super-block), else 32 (q8_0)."""
+    return 256 if fmt in ("q4_k", "q5_k", "q6_k") else GROUP_SIZE
+
+
+def random_raw_weight(fmt: str, rows: int, cols: int, generator: torch.Generator) -> QuantizedTensor:
+    """A `fmt` weight of random blocks: every byte random, except the float16
+    scales, small normal numbers (as real files hold) so that products stay
+    finite. For checking kernels against dequantize()."""
+    weights, block_bytes = RAW_BLOCK_FORMATS[fmt]
+    blocks = torch.randint(0, 256, (rows * cols // weights, block_bytes), dtype=torch.uint8, generator=generator)
+    halves = {"q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,), "q5_0": (0,), "q5_1": (0, 2)}[fmt]
+    for offset in halves:
+        scale = (torch.rand(blocks.shape[0], generator=generator) * 2e-3 + 1e-4).half()
+        blocks[:, offset : offset + 2] = scale.view(-1, 1).view(torch.uint8)
+    return QuantizedTensor(fmt, blocks.view(rows, -1))
+
+
 def product_error_bound(x: torch.Tensor, q: QuantizedTensor, *, exact_weights: bool = False) -> torch.Tensor:
     """Bound on |QuantLinear(q)(x) - x @ w.T| per output, [M, N], where w is
     the float weight q was quantized from (`exact_weights`: w is
     q.dequantize() itself). Two roundings add up: the weights' (each within
     error_bound(q) of w), and on the kernel's path the inputs' to int8 groups
-    (each within half a step, max|x_group| / 254, of x), times the weights
+    (each within half a step, max|x_block| / 254, of x; activation_block), times the weights
     they meet; plus float32 summation, far smaller."""
     x = x.float()
     rows, cols = x.shape
-    step = x.view(rows, -1, GROUP_SIZE).abs().amax(-1, keepdim=True) / 127
-    input_error = (step / 2).expand(-1, -1, GROUP_SIZE).reshape(rows, cols) * (1 + 2.0**-20)
+    block = activation_block(q.format)
+    step = x.view(rows, -1, block).abs().amax(-1, keepdim=True) / 127
+    input_error = (step / 2).expand(-1, -1, block).reshape(rows, cols) * (1 + 2.0**-20)
     bound = input_error @ q.dequantize().abs().T
     if not exact_weights:
         bound = bound + x.abs().sum(-1, keepdim=True) * error_bound(q)
@@ -436,12 +629,15 @@ def _check_kernel() -> bool:
     if not native.available():
         return False
     gen = torch.Generator().manual_seed(0)
-    for fmt in FORMATS:
-        weight = quantize(torch.randn(48, 64, generator=gen), fmt)
-        x = torch.randn(3, 64, generator=gen)
+    for fmt in KEPT_FORMATS:
+        if fmt in RAW_BLOCK_FORMATS:
+            weight = random_raw_weight(fmt, 48, 256, gen)
+        else:
+            weight = quantize(torch.randn(48, 64, generator=gen), fmt)
+        x = torch.randn(3, weight.cols, generator=gen)
         got = QuantLinear(weight)(x)
         want = x @ weight.dequantize().T
-        # The kernel quantizes x to int8 groups: relative error ~1/254 per input.
+        # The kernel quantizes x to int8 blocks: relative error ~1/254 per input.
         if not torch.allclose(got, want, atol=0.05 * float(want.abs().max()), rtol=0):
             log.warning("the native %s kernel disagrees with its reference; quantized weights will be dequantized", fmt)
             return False
@@ -461,5 +657,10 @@ def fold_quantized_headers(
         if parts[0] is None:
             continue  # missing: the check reports the weight itself as missing
         rows, stored_cols = parts[0][0]
-        folded[name] = ((rows, stored_cols * (1 if fmt == "q8_0" else 2)), fmt.upper())
+        if fmt in RAW_BLOCK_FORMATS:
+            weights, block_bytes = RAW_BLOCK_FORMATS[fmt]
+            cols = stored_cols // block_bytes * weights
+        else:
+            cols = stored_cols * (1 if fmt == "q8_0" else 2)
+        folded[name] = ((rows, cols), fmt.upper())
     return folded

@@ -203,6 +203,7 @@ def write_gguf(
     model: TinyModel | None = None,
     *,
     qtype: Q = Q.F32,
+    qtypes: dict[str, Q] | None = None,
     kv: dict[str, Any] | None = None,
     extra_tensors: dict[str, np.ndarray | tuple[np.ndarray, Q]] | None = None,
     drop: tuple[str, ...] = (),
@@ -210,8 +211,10 @@ def write_gguf(
 ) -> dict[str, np.ndarray]:
     """Write a tiny model; return the HF tensors the import must produce.
 
-    Matrices are stored as `qtype`, norms and biases as F32 (as llama.cpp
-    does), and llama's q/k rows are permuted as convert_hf_to_gguf.py does.
+    Matrices are stored as `qtype` (`qtypes`: another type by GGUF tensor
+    name, as llama-quantize mixes them), norms and biases as F32 (as
+    llama.cpp does), and llama's q/k rows are permuted as
+    convert_hf_to_gguf.py does.
     """
     model = model or TinyModel()
     arch, vocab = model.arch, model.vocab
@@ -251,6 +254,7 @@ def write_gguf(
             writer.add_uint32(key, value)
 
     rng = np.random.default_rng(1)
+    default_qtype = qtype
     rope_heads = {"attn_q": model.heads, "attn_k": model.kv_heads} if arch == "llama" else {}
     expected: dict[str, np.ndarray] = {}
     for hf_name, weight in model.hf_weights().items():
@@ -261,6 +265,7 @@ def write_gguf(
         if (heads := rope_heads.get(name.split(".")[-2])) is not None:
             rows = llama_cpp_permute(rows, heads)  # GGUF row i holds HF row rows[i]
         stored = weight[rows]
+        qtype = (qtypes or {}).get(name, default_qtype)
         if weight.ndim == 1 or qtype == Q.F32:
             writer.add_tensor(name, stored)
             values = stored
@@ -322,14 +327,16 @@ def test_imports_each_type_into_hf_layout(tmp_path: Path, qtype: Q) -> None:
     tensors = folder_weights(folder)
     assert tensors.keys() == expected.keys()
     formats = quantized_formats(folder)
-    kept = {Q.Q8_0: "q8_0", Q.Q4_0: "q4_0", Q.Q4_1: "q4_1"}
+    kept = {Q.Q8_0: "q8_0", Q.Q4_0: "q4_0", Q.Q4_1: "q4_1", Q.Q4_K: "q4_k", Q.Q5_K: "q5_k", Q.Q6_K: "q6_k",
+            Q.Q5_0: "q5_0", Q.Q5_1: "q5_1"}
     float_types = (Q.F32, Q.F16, Q.BF16)
     if qtype in float_types:
         assert formats == {}
     else:
         # Every matrix (embedding included) stays quantized, norms stay float.
         assert set(formats) == {name for name, value in expected.items() if value.ndim == 2}
-        target = kept.get(qtype) or ("q4_1" if qtype in (Q.Q2_K, Q.Q3_K, Q.Q4_K) else "q8_0")
+        # Q2_K and Q3_K are the K-quants still requantized.
+        target = kept.get(qtype) or "q4_1"
         assert set(formats.values()) == {target}
         section = read_json(folder / "config.json")["quantization"]
         assert section["requantized"] == ({} if qtype in kept else {qtype.name: target})

@@ -121,7 +121,8 @@ def test_not_gguf_big_endian_old_and_unknown_types(tmp_path: Path) -> None:
 
 def test_the_tables_say_what_an_import_keeps() -> None:
     assert kept_format(Q.Q4_0) == "q4_0" and kept_format(Q.Q8_0) == "q8_0"
-    assert kept_format(Q.Q4_K) == "q4_1" and kept_format(Q.Q6_K) == "q8_0"  # requantized
+    assert kept_format(Q.Q4_K) == "q4_k" and kept_format(Q.Q6_K) == "q6_k" and kept_format(Q.Q5_0) == "q5_0"
+    assert kept_format(Q.Q3_K) == "q4_1" and kept_format(Q.IQ4_XS) == "q4_1"  # requantized
     assert kept_format(Q.F16) is None and kept_format(Q.BF16) is None
     llama, gemma3 = family_named("llama"), family_named("gemma3")
     assert hf_tensor_name("blk.3.attn_q.weight", llama) == "model.layers.3.self_attn.q_proj.weight"

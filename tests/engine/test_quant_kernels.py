@@ -7,7 +7,8 @@ computed on, like which batch it was computed in, never changes it. Every
 variant is compiled here; the ones this CPU can run are compared with the
 portable build bit for bit, on shapes on both sides of each tile size (4
 rows of x, 2 octets of 8 output columns, blocks of 4 octets) and of the
-last partial octet.
+last partial octet. The raw GGUF formats (q4_k ... q5_1) are also checked
+against a float64 reference of the same arithmetic.
 """
 
 from __future__ import annotations
@@ -16,7 +17,17 @@ import torch
 import pytest
 
 from engine.kernels import native
-from engine.model.quant import FORMATS, PackedQuantizedTensor, pack_weight, quantize, take_rows
+from engine.model.quant import (
+    FORMATS,
+    RAW_BLOCK_FORMATS,
+    PackedQuantizedTensor,
+    QuantizedTensor,
+    activation_block,
+    pack_weight,
+    quantize,
+    random_raw_weight,
+    take_rows,
+)
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no C compiler for the native kernels")
 
@@ -71,14 +82,92 @@ def test_every_variant_gives_the_portable_bits(builds: dict, fmt: str, rows: int
         assert torch.equal(out, outs["portable"]), variant
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+# Rows of x, output columns and inputs on both sides of the tiles (4 rows,
+# octets of 8 columns, blocks of 4 octets) and of a K-quant super-block.
+RAW_SHAPES = [(1, 8, 256), (3, 52, 512), (4, 37, 256), (5, 16, 768), (9, 70, 256), (33, 136, 512)]
+
+
+def _raw_product_case(fmt: str, rows: int, cols: int, inputs: int) -> tuple[QuantizedTensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(rows * 1000 + cols + inputs)
+    weight = random_raw_weight(fmt, cols, inputs, gen)
+    x = torch.randn(rows, inputs, generator=gen)
+    x[0, 1] = 30.0  # an outlier: a coarse int8 step in its block
+    return weight, x
+
+
+@pytest.mark.parametrize("fmt", list(RAW_BLOCK_FORMATS))
+@pytest.mark.parametrize(("rows", "cols", "inputs"), RAW_SHAPES)
+def test_raw_blocks_give_the_portable_bits(builds: dict, fmt: str, rows: int, cols: int, inputs: int) -> None:
+    weight, x = _raw_product_case(fmt, rows, cols, inputs)
+    packed = pack_weight(weight)
+    bias = torch.randn(cols)
+    outs = {
+        variant: native.quant_matmul(fmt, x, packed.data, None, None, bias, rows=cols, lib=lib)
+        for variant, lib in builds.items()
+    }
+    for variant, out in outs.items():
+        assert torch.equal(out, outs["portable"]), variant
+    # A row alone has the bits it has in the batch.
+    alone = native.quant_matmul(fmt, x[-1:], packed.data, None, None, bias, rows=cols)
+    assert torch.equal(alone[0], outs["portable"][-1])
+
+
+def _rounded_inputs(x: torch.Tensor, block: int) -> torch.Tensor:
+    """x as the kernel quantizes it, back in float64: per 32, scale max|x| /
+    127 (q8_0); per 256, scale 1 / (127 / max|x|) (q8_K); levels rounded
+    half to even."""
+    blocks = x.reshape(x.shape[0], -1, block)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    if block == 256:
+        inverse = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+        scale = torch.where(amax > 0, 1 / inverse, torch.zeros_like(amax))
+    else:
+        scale = amax / 127
+        inverse = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
+    levels = torch.round(blocks * inverse).clamp(-127, 127)
+    return (levels.double() * scale.double()).reshape(x.shape)
+
+
+@pytest.mark.parametrize("fmt", list(RAW_BLOCK_FORMATS))
+@pytest.mark.parametrize(("rows", "cols", "inputs"), RAW_SHAPES[1:4])
+def test_raw_block_products_are_the_exact_arithmetic(fmt: str, rows: int, cols: int, inputs: int) -> None:
+    """Against float64: the int8-rounded inputs times the exact weights (a
+    scale times a level, minus a min for q4_k / q5_k, each exact in float64).
+    The kernel's integer sums are exact, so only its float chain rounds:
+    about two float32 roundings per block, each relative to the sum of the
+    magnitudes of the terms (a K-quant's scale part and min part apart, as
+    they can cancel)."""
+    weight, x = _raw_product_case(fmt, rows, cols, inputs)
+    got = native.quant_matmul(fmt, x, pack_weight(weight).data, None, None, None, rows=cols).double()
+    rounded = _rounded_inputs(x, activation_block(fmt))
+    want = rounded @ weight.dequantize(torch.float64).T
+    parts = [weight.data.clone(), weight.data.clone()]
+    if fmt in ("q4_k", "q5_k", "q5_1"):  # the scale part (min zeroed) and the min part (scale zeroed)
+        blocks = [p.view(-1, RAW_BLOCK_FORMATS[fmt][1]) for p in parts]
+        blocks[0][:, 2:4] = 0
+        blocks[1][:, 0:2] = 0
+        magnitude = sum(QuantizedTensor(fmt, p).dequantize(torch.float64).abs() for p in parts)
+    else:
+        magnitude = weight.dequantize(torch.float64).abs()
+    blocks_per_row = inputs // activation_block(fmt) if fmt.endswith("_k") else inputs // 32
+    bound = (2 * blocks_per_row + 4) * 2.0**-24 * (rounded.abs() @ magnitude.T)
+    assert ((got - want).abs() <= bound).all()
+    # A wrong level, scale or sign anywhere would be off by far more.
+    assert (got - want).abs().max() < 1e-4 * want.abs().max()
+
+
+@pytest.mark.parametrize("fmt", FORMATS + ("q4_k", "q6_k", "q5_1"))
 @pytest.mark.parametrize("input_op", ["rms_norm", "swiglu", "geglu"])
 def test_fused_inputs_and_accumulation_give_the_portable_bits(builds: dict, fmt: str, input_op: str) -> None:
     gen = torch.Generator().manual_seed(7)
-    weight = pack_weight(quantize(torch.randn(44, 128, generator=gen), fmt))
-    width = 128 if input_op == "rms_norm" else 256
+    inputs = 256 if fmt in RAW_BLOCK_FORMATS else 128
+    if fmt in RAW_BLOCK_FORMATS:
+        weight = pack_weight(random_raw_weight(fmt, 44, inputs, gen))
+    else:
+        weight = pack_weight(quantize(torch.randn(44, inputs, generator=gen), fmt))
+    width = inputs if input_op == "rms_norm" else 2 * inputs
     x = torch.randn(6, width, generator=gen)
-    norm = 1 + 0.1 * torch.randn(128, generator=gen)
+    norm = 1 + 0.1 * torch.randn(inputs, generator=gen)
     residual = torch.randn(6, 44, generator=gen)
     outs = {}
     for variant, lib in builds.items():
@@ -145,16 +234,20 @@ def test_attention_with_head_norms_windows_and_soft_caps_gives_the_portable_bits
 
 def test_packing_keeps_every_weight_bit() -> None:
     gen = torch.Generator().manual_seed(1)
-    for fmt in FORMATS:
+    for fmt in FORMATS + tuple(RAW_BLOCK_FORMATS):
         for rows in (1, 8, 13, 64):
-            weight = quantize(torch.randn(rows, 96, generator=gen), fmt)
+            if fmt in RAW_BLOCK_FORMATS:
+                weight = random_raw_weight(fmt, rows, 512, gen)
+            else:
+                weight = quantize(torch.randn(rows, 96, generator=gen), fmt)
             packed = pack_weight(weight)
             assert packed.shape == weight.shape
             back = packed.unpacked()
-            assert torch.equal(back.data, weight.data) and torch.equal(back.scales, weight.scales)
-            assert (back.mins is None) == (weight.mins is None)
-            if weight.mins is not None:
-                assert torch.equal(back.mins, weight.mins)
+            assert torch.equal(back.data, weight.data)
+            for part in ("scales", "mins"):
+                mine, theirs = getattr(back, part), getattr(weight, part)
+                assert (mine is None) == (theirs is None)
+                assert mine is None or torch.equal(mine, theirs)
             ids = torch.tensor([0, rows - 1])
             assert torch.equal(take_rows(packed, ids), weight.dequantize()[ids])
 

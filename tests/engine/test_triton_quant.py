@@ -16,6 +16,8 @@ from pathlib import Path
 _previous_interpret = os.environ.get("TRITON_INTERPRET")
 os.environ["TRITON_INTERPRET"] = "1"
 
+import gguf  # noqa: E402
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -27,7 +29,8 @@ import triton.language as tl  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 from engine.kernels.triton import quant as triton_quant  # noqa: E402
-from engine.model.quant import FORMATS, quantize  # noqa: E402
+from engine.model.quant import FORMATS, QuantizedTensor, quantize  # noqa: E402
+from engine.model.quant_formats import RAW_BLOCK_FORMATS  # noqa: E402
 from engine.kernels.triton.quant import TritonQuantLinear, triton_quant_available  # noqa: E402
 
 if _previous_interpret is None:
@@ -154,3 +157,74 @@ def test_layer_keeps_the_one_weight_it_is_given() -> None:
     assert layer.weight.data.data_ptr() == weight.data.data_ptr()
     assert layer.weight.scales.data_ptr() == weight.scales.data_ptr()
     assert layer.nbytes == weight.nbytes == 40 * 32 + 40 * 2 * 2
+
+
+# --------------------------------------------------------------------------
+# Raw GGUF blocks (q4_k, q5_k, q6_k, q5_0, q5_1), against gguf-py's dequantize
+
+GGUF_TYPES = {"q4_k": gguf.GGMLQuantizationType.Q4_K, "q5_k": gguf.GGMLQuantizationType.Q5_K,
+              "q6_k": gguf.GGMLQuantizationType.Q6_K, "q5_0": gguf.GGMLQuantizationType.Q5_0,
+              "q5_1": gguf.GGMLQuantizationType.Q5_1}
+# Where each block keeps its float16 d (and dmin or m): random bytes there could be NaN.
+FP16_OFFSETS = {"q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,), "q5_0": (0,), "q5_1": (0, 2)}
+
+
+def random_blocks(fmt: str, rows: int, cols: int, seed: int) -> np.ndarray:
+    """[rows, cols / block * block_bytes] random blocks: every level, high
+    bit and 6-bit scale/min pattern occurs, with finite float16 scales of
+    both signs."""
+    rng = np.random.default_rng(seed)
+    block, block_bytes = RAW_BLOCK_FORMATS[fmt]
+    blocks = rng.integers(0, 256, (rows * cols // block, block_bytes), dtype=np.uint8)
+    for offset in FP16_OFFSETS[fmt]:
+        scales = rng.uniform(-1e-2, 1e-2, len(blocks)).astype(np.float16)
+        blocks[:, offset : offset + 2] = scales.view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(rows, -1)
+
+
+def raw_reference(x: torch.Tensor, data: np.ndarray, fmt: str, bias: torch.Tensor | None):
+    w = torch.from_numpy(gguf.quants.dequantize(data, GGUF_TYPES[fmt]))
+    want = x.float() @ w.T + (0 if bias is None else bias.float())
+    return want, x.float().abs() @ w.abs().T
+
+
+# K: one K-quant super-block, or Q5 blocks ending inside a K step; N ends inside an N tile.
+RAW_SHAPES = {"q4_k": (20, 256), "q5_k": (20, 256), "q6_k": (20, 256), "q5_0": (20, 96), "q5_1": (20, 96)}
+
+
+@in_process
+@pytest.mark.parametrize("fmt", list(RAW_BLOCK_FORMATS))
+@pytest.mark.parametrize("rows", [1, 5])  # the decode path and the tl.dot path
+def test_raw_blocks_match_gguf_dequantized_product(fmt: str, rows: int) -> None:
+    out_features, in_features = RAW_SHAPES[fmt]
+    data = random_blocks(fmt, out_features, in_features, seed=rows)
+    bias = torch.randn(out_features, generator=torch.Generator().manual_seed(2))
+    layer = TritonQuantLinear(QuantizedTensor(fmt, torch.from_numpy(data)), bias)
+    x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows))
+    got = layer(x)
+    want, magnitude = raw_reference(x, data, fmt, bias)
+    assert got.dtype == torch.float32 and got.shape == (rows, out_features)
+    error = (got - want).abs()
+    assert (error <= 1e-5 * magnitude + 1e-6).all(), f"max error {error.max().item():.3g}"
+
+
+@in_process
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+def test_raw_blocks_with_16bit_inputs_round_once(fmt: str) -> None:
+    data = random_blocks(fmt, 20, 512, seed=7)
+    layer = TritonQuantLinear(QuantizedTensor(fmt, torch.from_numpy(data)))
+    x = torch.randn(9, 512, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    got = layer(x)
+    want, magnitude = raw_reference(x, data, fmt, None)
+    assert got.dtype == torch.bfloat16
+    error = (got.float() - want).abs()
+    assert (error <= torch.finfo(torch.bfloat16).eps * want.abs() + 1e-5 * magnitude + 1e-6).all()
+
+
+@in_process
+def test_raw_block_rows_do_not_depend_on_the_batch() -> None:
+    layer = TritonQuantLinear(QuantizedTensor("q4_k", torch.from_numpy(random_blocks("q4_k", 20, 256, seed=9))))
+    x = torch.randn(7, 256, generator=torch.Generator().manual_seed(10))
+    alone = layer.tiled(x[4:5], 2)
+    for start, stop in ((0, 7), (3, 6)):
+        assert torch.equal(layer.tiled(x[start:stop], 2)[4 - start], alone[0])

@@ -5,13 +5,15 @@ tokenizer.json and tokenizer_config.json. A GGUF file (llama.cpp's format) is
 turned into such a folder by `import_gguf`:
 
 - Quantized matrices stay quantized (engine.model.quant): Q8_0, Q4_0 and Q4_1
-  blocks are copied as they are (the folder is about the GGUF file's size),
-  other quantized types are requantized to the nearest kept format (Q4_K and
-  anything of at most 4.5 bits per weight to q4_1, 5-bit, 6-bit and 8-bit
-  types to q8_0), which config.json's "quantization" section records with
-  the format of every kept tensor. Embeddings stay quantized too, as in
-  llama.cpp: the loader dequantizes the rows it looks up. Norms, biases and
-  float matrices (F16, BF16, F32) are stored as float32.
+  blocks are split into levels and scales, Q4_K, Q5_K, Q6_K, Q5_0 and Q5_1
+  blocks are stored whole, each row's bytes as the file holds them (the
+  folder is about the GGUF file's size); the other quantized types (Q2_K,
+  Q3_K, the IQ types) are requantized to the nearest kept format (at most
+  4.5 bits per weight to q4_1, more to q8_0), which config.json's
+  "quantization" section records with the format of every kept tensor.
+  Embeddings stay quantized too, as in llama.cpp: the loader dequantizes
+  the rows it looks up. Norms, biases and float matrices (F16, BF16, F32)
+  are stored as float32.
 - The file's `general.architecture` names its family (engine/model/families);
   its metadata becomes the family's config.json fields
   (engine/formats/gguf/hparams.py). Tensors get the family's Hugging Face
@@ -79,7 +81,7 @@ from engine.formats.staged_folder import (
     write_json,
 )
 from engine.model.config import MAX_POSITIONS, check_dimensions, check_layer_indices, check_rope_and_window
-from engine.model.quant_formats import FOLDER_FORMAT_VERSION, GROUP_SIZE
+from engine.model.quant_formats import FOLDER_FORMAT_VERSION, GROUP_SIZE, RAW_BLOCK_FORMATS
 from engine.model import tokenizer as model_tokenizer
 from engine.model.families import Family
 from engine.progress import (
@@ -98,7 +100,8 @@ __all__ = ["IMPORTER_VERSION", "MARKER_NAME", "discard_folder", "import_gguf"]
 # and load still; they are replaced on the next import of their file).
 # 3: the families' registry (engine/model/families); generation also stops
 # at the end-of-turn tokens llama.cpp finds by their text.
-IMPORTER_VERSION = 3
+# 4: Q4_K, Q5_K, Q6_K, Q5_0 and Q5_1 kept byte for byte, no longer requantized.
+IMPORTER_VERSION = 4
 
 # config.json's dimension fields -> the GGUF keys they come from (after the
 # architecture's prefix), so that a refusal names the key in the file.
@@ -225,6 +228,9 @@ class _PlannedTensor:
         if self.quantized is None:
             return [(self.hf_name, "F32", self.shape)]
         rows, cols = self.shape
+        if self.quantized in RAW_BLOCK_FORMATS:
+            block, block_bytes = RAW_BLOCK_FORMATS[self.quantized]
+            return [(f"{self.hf_name}.qdata", "U8", (rows, cols // block * block_bytes))]
         groups = (rows, cols // GROUP_SIZE)
         out = [
             (f"{self.hf_name}.qdata", "I8", (rows, cols))
@@ -246,6 +252,9 @@ class _PlannedTensor:
         if self.quantized is None:
             values = _dequantize(self.source, self.data).reshape(self.shape)
             arrays = [values - np.float32(self.norm_shift) if self.norm_shift else values]
+        elif self.quantized in RAW_BLOCK_FORMATS:
+            # The file's blocks, byte for byte: a row's bytes are its blocks in order.
+            arrays = [np.asarray(self.data, dtype=np.uint8).reshape(self.shape[0], -1)]
         elif self.source.type in KEPT_TYPES:
             arrays = _split_blocks(self.source, self.data, self.shape)
         else:

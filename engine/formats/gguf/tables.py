@@ -35,15 +35,24 @@ LAYER_NUMBER_RE = re.compile(r"blk\.(\d+)\.")
 CONFIG_TENSORS = frozenset({"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"})
 
 FLOAT_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.F64)
-# GGUF block types whose blocks are our formats byte for byte.
+# GGUF block types whose blocks are our formats byte for byte: the first three
+# split into levels and scales (engine.model.quant's grouped layout), the
+# K-quants and Q5 kept whole, each row's blocks as the file holds them
+# (engine.model.quant_formats.RAW_BLOCK_FORMATS). Q4_K_M files are Q4_K and
+# Q6_K (and Q5_0 / Q8_0 in some architectures); Q5_K_M adds Q5_K.
 KEPT_TYPES = {
     GGMLQuantizationType.Q8_0: "q8_0",
     GGMLQuantizationType.Q4_0: "q4_0",
     GGMLQuantizationType.Q4_1: "q4_1",
+    GGMLQuantizationType.Q4_K: "q4_k",
+    GGMLQuantizationType.Q5_K: "q5_k",
+    GGMLQuantizationType.Q6_K: "q6_k",
+    GGMLQuantizationType.Q5_0: "q5_0",
+    GGMLQuantizationType.Q5_1: "q5_1",
 }
-# Quantized types of at most this many bits per weight are requantized to
-# q4_1 (4 bits plus a scale and min per 32), the others to q8_0: the nearest
-# kept format that loses no more than the source did.
+# Quantized types of at most this many bits per weight (Q2_K, Q3_K, IQ4_XS,
+# ...) are requantized to q4_1 (4 bits plus a scale and min per 32), the
+# others to q8_0: the nearest kept format that loses no more than the source did.
 REQUANT_TO_Q4_MAX_BITS = 4.5
 # Layer matrices kept quantized: the products' weights (the embedding and
 # the output table are kept quantized too, see `is_quantizable`).
@@ -61,8 +70,27 @@ def kept_format(tensor_type: GGMLQuantizationType) -> str | None:
     kept = KEPT_TYPES.get(tensor_type)
     if kept is not None:
         return kept
-    block, size = GGML_QUANT_SIZES[tensor_type]
-    return "q4_1" if size * 8 / block <= REQUANT_TO_Q4_MAX_BITS else "q8_0"
+    return "q4_1" if bits_per_weight(tensor_type.name) <= REQUANT_TO_Q4_MAX_BITS else "q8_0"
+
+
+def bits_per_weight(type_name: str) -> float:
+    """Bits one weight takes in a GGUF type ("Q4_K": 4.5), scales included."""
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]]
+    return size * 8 / block
+
+
+def requantized_note(type_name: str, fmt: str) -> str:
+    """What requantizing a GGUF type costs, for the model's details:
+    "Q3_K (3.44 bits per weight) requantized to q4_1 (5.0 bits): 45% more
+    bytes, rounded twice"."""
+    from engine.model.quant_formats import BLOCK_BYTES, GROUP_SIZE
+
+    source = bits_per_weight(type_name)
+    kept = BLOCK_BYTES[fmt] * 8 / GROUP_SIZE
+    return (
+        f"{type_name} ({source:.3g} bits per weight) requantized to {fmt} ({kept:.1f} bits): "
+        f"{round(100 * (kept / source - 1))}% more bytes, rounded twice"
+    )
 
 
 def gguf_family(architecture: str, source_name: str) -> Family:
@@ -123,11 +151,10 @@ def stored_format(gguf_name: str, tensor_type: GGMLQuantizationType, dims: Seque
     """The format the importer stores this tensor in, None for float32.
 
     `dims` run innermost first, as GGUF stores them: dims[0] is a row's
-    length, which must be whole groups of GROUP_SIZE to be kept in blocks.
+    length, which must be whole groups of GROUP_SIZE to be kept in blocks
+    (a type kept byte for byte has whole blocks of its own in every row).
     """
-    # Imported here: engine.model.quant imports torch, and the window's model
-    # checks read these tables at start-up, before torch is needed.
-    from engine.model.quant import GROUP_SIZE
+    from engine.model.quant_formats import GROUP_SIZE
 
     if not is_quantizable(gguf_name) or len(dims) != 2 or dims[0] % GROUP_SIZE:
         return None

@@ -15,7 +15,7 @@ first match wins:
    packaging/build.sh), named for its instruction set;
 2. a copy in the user's cache folder built by an earlier run, named for the
    hash of the source and the compiler command;
-3. the platform's C compiler, now (under a second).
+3. the platform's C compiler, now (a few seconds).
 
 With no compiler and no prebuilt copy the kernels are unavailable, and the
 quantized weights are dequantized at load instead (engine/formats/loader.py).
@@ -45,7 +45,9 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name(name) for name in ("quant_matmul.c", "paged_attention.c")]
-FORMAT_CODES = {"q8_0": 0, "q4_0": 1, "q4_1": 2}
+FORMAT_CODES = {"q8_0": 0, "q4_0": 1, "q4_1": 2, "q4_k": 3, "q5_k": 4, "q6_k": 5, "q5_0": 6, "q5_1": 7}
+# Weights per block of each format: the packed data's second dimension counts blocks.
+BLOCK_WEIGHTS = {fmt: 256 if fmt.endswith("_k") else 32 for fmt in FORMAT_CODES}
 # Compiler flags per instruction set, best first; "portable" is plain C for
 # any CPU. Every variant computes the same bits (quant_matmul.c), so the
 # choice is only about speed.
@@ -280,7 +282,7 @@ def quant_matmul(
     fmt: str,
     x: torch.Tensor,
     data: torch.Tensor,
-    scales: torch.Tensor,
+    scales: torch.Tensor | None,
     mins: torch.Tensor | None,
     bias: torch.Tensor | None,
     *,
@@ -302,7 +304,7 @@ def quant_matmul_into(
     fmt: str,
     x: torch.Tensor,
     data: torch.Tensor,
-    scales: torch.Tensor,
+    scales: torch.Tensor | None,
     mins: torch.Tensor | None,
     bias: torch.Tensor | None,
     out: torch.Tensor,
@@ -316,18 +318,18 @@ def quant_matmul_into(
     lib: ctypes.CDLL | None = None,
 ) -> torch.Tensor:
     """out (+)= out_scale * out_op(op(x) @ W.T (+ bias)), float32, every
-    tensor row-contiguous, W packed (data [octets, groups, bytes], scales
-    and mins [octets, groups, 8]) with out.shape[1] output rows. op: None;
+    tensor row-contiguous, W packed (data [octets, blocks, bytes], scales
+    and mins [octets, blocks, 8], None for the raw GGUF blocks) with
+    out.shape[1] output rows. op: None;
     "rms_norm" (x normalised, times norm_weight); "swiglu" / "geglu" (x is
     [M, 2K], gate then up: silu(gate) * up, or gelu(gate) * up with GELU's
     tanh form). out_op: an RMSNorm times out_norm where that is given (eps
     is both norms'). With `accumulate` the result is added to `out` (a
     residual stream updated in place). `lib`: a library of load_variant()
     instead of the one this CPU runs."""
-    groups = data.shape[1]
     status = (lib or library()).tandem_quant_gemm(
-        FORMAT_CODES[fmt], x.shape[0], out.shape[1], groups * 32, x.data_ptr(), x.stride(0),
-        data.data_ptr(), scales.data_ptr(), _pointer(mins), _pointer(bias),
+        FORMAT_CODES[fmt], x.shape[0], out.shape[1], data.shape[1] * BLOCK_WEIGHTS[fmt], x.data_ptr(), x.stride(0),
+        data.data_ptr(), _pointer(scales), _pointer(mins), _pointer(bias),
         out.data_ptr(), out.stride(0), torch.get_num_threads(),
         INPUT_OPS[input_op], _pointer(norm_weight), eps, int(accumulate), _pointer(out_norm), out_scale,
     )
@@ -344,7 +346,7 @@ class BoundProduct:
     __slots__ = ("_call", "_fmt", "_n", "_k", "_data", "_scales", "_mins", "_bias", "_keep")
 
     def __init__(
-        self, fmt: str, data: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
+        self, fmt: str, data: torch.Tensor, scales: torch.Tensor | None, mins: torch.Tensor | None,
         bias: torch.Tensor | None, rows: int,
     ) -> None:
         for tensor in (data, scales, mins, bias):
@@ -353,8 +355,8 @@ class BoundProduct:
         self._call = library().tandem_quant_gemm
         self._fmt = FORMAT_CODES[fmt]
         self._n = rows
-        self._k = data.shape[1] * 32
-        self._data, self._scales = data.data_ptr(), scales.data_ptr()
+        self._k = data.shape[1] * BLOCK_WEIGHTS[fmt]
+        self._data, self._scales = data.data_ptr(), _pointer(scales)
         self._mins, self._bias = _pointer(mins), _pointer(bias)
         self._keep = (data, scales, mins, bias)
 
@@ -442,7 +444,8 @@ def rope_write_kv(
 
 
 def quant_take_rows(
-    fmt: str, index: torch.Tensor, data: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None, cols: int,
+    fmt: str, index: torch.Tensor, data: torch.Tensor, scales: torch.Tensor | None, mins: torch.Tensor | None,
+    cols: int,
     *, packed: bool = False,
 ) -> torch.Tensor:
     """Dequantized float32 rows `index` of a quantized table, [len(index), cols];
@@ -453,7 +456,7 @@ def quant_take_rows(
     out = torch.empty(flat.numel(), cols, dtype=torch.float32)
     status = take(
         FORMAT_CODES[fmt], flat.numel(), flat.data_ptr(), cols,
-        data.data_ptr(), scales.data_ptr(), _pointer(mins), out.data_ptr(),
+        data.data_ptr(), _pointer(scales), _pointer(mins), out.data_ptr(),
     )
     _check(status, "tandem_quant_take_packed" if packed else "tandem_quant_take_rows")
     return out

@@ -1,20 +1,41 @@
 /*
  * Weight-only block-quantized matrix products for the CPU:
  * y[M, N] = x[M, K] @ W[N, K]^T (+ bias), W in one of engine/model/quant.py's
- * formats (q8_0, q4_0, q4_1: groups of 32 inputs, fp16 scales, GGML nibble
- * order), x and y float32.
+ * formats, x and y float32:
+ *   - q8_0, q4_0, q4_1: groups of 32 inputs, fp16 scales apart, GGML nibble order;
+ *   - the raw GGUF blocks, kept byte for byte (ggml's block structs):
+ *     q4_K, q5_K (super-blocks of 256: fp16 d and dmin, 8 sub-blocks of 32
+ *     with 6-bit scales and mins packed in 12 bytes), q6_K (256: 16
+ *     sub-blocks of 16 with int8 scales, fp16 d), q5_0 and q5_1 (32).
  *
- * Each row of x is first quantized to int8 in groups of 32 with one float
- * scale per group (ggml's q8 activations), so a group's dot product is an
- * integer one. Every output element is then, whatever the step's size, the
- * thread split or the instruction set:
+ * Each row of x is first quantized to int8 with one float scale per block
+ * of inputs (ggml's q8 activations), so a block's dot product is an integer
+ * one. Blocks of 32 for q8_0 / q4_* / q5_* (q8_0: scale max|x| / 127);
+ * super-blocks of 256 for the K-quants (llama.cpp's q8_K: scale
+ * 1 / (127 / max|x|)), which
+ *   - gives the same int8 levels llama.cpp's K-quant dot products use, so
+ *     a product differs from llama.cpp's only in the order of its float
+ *     additions (the comparison a user runs is of the same arithmetic);
+ *   - makes a super-block's whole sum one exact int32 (each sub-block's
+ *     integer dot product times its integer scale), so the float chain has
+ *     two steps per 256 weights instead of sixteen (and one scale per 256
+ *     inputs to compute);
+ * at the cost of a coarser rounding of x (max over 256 instead of 32), the
+ * same as llama.cpp's. Every output element is then, whatever the step's
+ * size, the thread split or the instruction set:
  *
  *     acc = 0
- *     for each group g, in order:
- *         P   = sum of w[i] * x[i] over the group's 32 inputs   (exact, int32;
- *               q4_0 counts w as q - 8)
- *         acc = fma(d_w[g] * d_x[g], (float)P, acc)
- *         q4_1: acc = fma(m_w[g], d_x[g] * sum(x_q[g]), acc)
+ *     for each block g, in order:
+ *         P   = sum of w[i] * x[i] over the block's inputs   (exact, int32;
+ *               q4_0 / q5_0 count w as q - 8 / q - 16)
+ *         q8_0, q4_0, q5_0: acc = fma(d_w[g] * d_x[g], (float)P, acc)
+ *         q4_1, q5_1:       the same, then acc = fma(m_w[g], d_x[g] * sum(x_q[g]), acc)
+ *         q4_K, q5_K: S = sum over sub-blocks j of scale_j * P_j,
+ *                     M = sum over sub-blocks j of min_j * sum(x_q over j)   (exact, int32)
+ *                     acc = fma(d_w[g] * d_x[g], (float)S, acc)
+ *                     acc = fma(-(dmin_w[g] * d_x[g]), (float)M, acc)
+ *         q6_K:       S = sum over its 16 sub-blocks of scale_j * P_j        (exact, int32)
+ *                     acc = fma(d_w[g] * d_x[g], (float)S, acc)
  *     y = acc (+ bias) (times a scale, added to y with `accumulate`)
  *
  * so a row's result has the same bits alone, in a batch of 32 or inside a
@@ -34,7 +55,13 @@
  * group: q8_0: 8 x 32 bytes (piece j = inputs 4j..4j+3 of the 8 rows);
  * 4-bit: 4 x 32 bytes (piece k holds bytes 4k..4k+3 of each row's 16: low
  * nibbles are inputs 4k.., high nibbles 16+4k..); then 8 scales (and 8
- * mins) as fp16.
+ * mins) as fp16. The raw blocks keep their bytes and only move them: per
+ * octet and block, each field of the block (RAW_FIELDS) interleaved across
+ * the 8 rows the same way (an fp16 field as 8 x 2 bytes, a wider one in
+ * 4-byte pieces), so the packed weight is exactly the file's size and the
+ * 6-bit scales, fifth bits and high bits are decoded per lane in registers.
+ * One exception: q5_0 / q5_1's 32 fifth bits are reordered within their 4
+ * bytes (fifth_bit_order), so that a piece's bits come out with one shift.
  *
  * Built by engine/kernels/native/__init__.py in variants (portable, avx2,
  * avx512vnni) chosen at run time by the CPU's features; OpenMP resolves to
@@ -61,8 +88,32 @@
 
 #define GROUP 32
 #define OCTET 8
+#define SUPER 256 /* weights of a K-quant super-block */
 
-enum { FMT_Q8_0 = 0, FMT_Q4_0 = 1, FMT_Q4_1 = 2 };
+enum { FMT_Q8_0 = 0, FMT_Q4_0 = 1, FMT_Q4_1 = 2, FMT_Q4_K = 3, FMT_Q5_K = 4, FMT_Q6_K = 5, FMT_Q5_0 = 6, FMT_Q5_1 = 7 };
+#define FORMAT_COUNT 8
+
+static inline int is_raw(int fmt) { return fmt >= FMT_Q4_K; }
+static inline int is_k_quant(int fmt) { return fmt >= FMT_Q4_K && fmt <= FMT_Q6_K; }
+static inline int is_five_bit(int fmt) { return fmt == FMT_Q5_0 || fmt == FMT_Q5_1; }
+/* Weights of a block, and bytes of a raw (GGUF) block: ggml's block structs. */
+static inline int64_t block_weights(int fmt) { return is_k_quant(fmt) ? SUPER : GROUP; }
+static const int RAW_BYTES[FORMAT_COUNT] = {0, 0, 0, 144, 176, 210, 22, 24};
+
+/* The fields of each raw block, {offset, bytes} in file order, ending with
+ * {0, 0} (engine/model/quant.py _RAW_FIELDS). In the packed layout each
+ * field of an octet's 8 blocks is stored at 8 * offset: a 2-byte field (an
+ * fp16 d or dmin) as 8 rows x 2 bytes (one 16-byte load, 8 lanes), a wider
+ * one as pieces of 4 bytes, piece p = bytes 4p..4p+3 of each of the 8 rows
+ * (32 bytes, one per lane). */
+typedef struct { int offset, bytes; } Field;
+static const Field RAW_FIELDS[FORMAT_COUNT][6] = {
+    [FMT_Q4_K] = {{0, 2}, {2, 2}, {4, 12}, {16, 128}},
+    [FMT_Q5_K] = {{0, 2}, {2, 2}, {4, 12}, {16, 32}, {48, 128}},
+    [FMT_Q6_K] = {{0, 128}, {128, 64}, {192, 16}, {208, 2}},
+    [FMT_Q5_0] = {{0, 2}, {2, 4}, {6, 16}},
+    [FMT_Q5_1] = {{0, 2}, {2, 2}, {4, 4}, {8, 16}},
+};
 
 static inline float half_to_float(uint16_t h) {
 #if TANDEM_SIMD
@@ -116,6 +167,178 @@ static void quantize_row(const float *x, int64_t K, int8_t *q, float *scale, int
     }
 }
 
+/* One row of x to int8 super-blocks of 256 for the K-quants: llama.cpp's
+ * q8_K (quantize_row_q8_K_ref), level = x * (127 / max|x|) rounded to
+ * nearest, ties to even, one scale 1 / (127 / max|x|) per super-block, and
+ * the level sums of each 16 inputs. (q8_K's scale is -max/127 with the
+ * sign of the input of largest magnitude, which negates levels and scale
+ * together: the same products.) */
+static void quantize_row_super(const float *x, int64_t K, int8_t *q, float *scale, int16_t *sum16) {
+    for (int64_t s = 0; s < K / SUPER; s++) {
+        const float *xs = x + s * SUPER;
+        int8_t *qs = q + s * SUPER;
+        float amax = 0.0f;
+        for (int i = 0; i < SUPER; i++) {
+            float a = fabsf(xs[i]);
+            amax = a > amax ? a : amax;
+        }
+        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        for (int i = 0; i < SUPER; i++) {
+            int v = (int)lrintf(xs[i] * inv);
+            qs[i] = (int8_t)(v > 127 ? 127 : (v < -127 ? -127 : v));
+        }
+        scale[s] = amax > 0.0f ? 1.0f / inv : 0.0f;
+        for (int j = 0; j < SUPER / 16; j++) {
+            int sum = 0;
+            for (int i = 0; i < 16; i++) sum += qs[16 * j + i];
+            sum16[s * (SUPER / 16) + j] = (int16_t)sum;
+        }
+    }
+}
+
+/* ---- Raw GGUF blocks, one row at a time (file order) ---- */
+
+/* q5_0 / q5_1 packed: bit j of the file's qh (weight j's fifth bit) is
+ * stored at bit fifth_bit_order(j): weight 4k + b (the low nibble of byte
+ * b of piece k) at bit 8b + k, weight 16 + 4k + b (its high nibble) at
+ * 8b + 4 + k, so piece k's bits sit at bit k (low) and 4 + k (high) of
+ * each byte (engine/model/quant.py _reorder_fifth_bits does the same). */
+static inline int fifth_bit_order(int j) {
+    const int high = j >= 16, k = (j % 16) / 4, b = j % 4;
+    return 8 * b + 4 * high + k;
+}
+
+/* Row c's block in file order, from an octet's packed block. */
+static void unpack_block(int fmt, const uint8_t *chunk, int c, uint8_t *out) {
+    for (const Field *f = RAW_FIELDS[fmt]; f->bytes; f++) {
+        const uint8_t *field = chunk + OCTET * f->offset;
+        if (f->bytes == 2) {
+            memcpy(out + f->offset, field + 2 * c, 2);
+        } else {
+            for (int p = 0; p < f->bytes / 4; p++) memcpy(out + f->offset + 4 * p, field + 32 * p + 4 * c, 4);
+        }
+    }
+    if (is_five_bit(fmt)) {
+        uint8_t *at = out + (fmt == FMT_Q5_0 ? 2 : 4);
+        uint32_t packed, qh = 0;
+        memcpy(&packed, at, sizeof packed);
+        for (int j = 0; j < 32; j++) qh |= ((packed >> fifth_bit_order(j)) & 1u) << j;
+        memcpy(at, &qh, sizeof qh);
+    }
+}
+
+static inline float half_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, sizeof h);
+    return half_to_float(h);
+}
+
+/* The 6-bit scale and min of sub-block j of a q4_K / q5_K block (ggml's get_scale_min_k4). */
+static inline void k_scale_min(int j, const uint8_t *q, int *scale, int *min) {
+    if (j < 4) {
+        *scale = q[j] & 63;
+        *min = q[j + 4] & 63;
+    } else {
+        *scale = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *min = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* Every weight's integer level in a raw block: q4_K 0..15, q5_K and q5_1
+ * 0..31, q6_K -32..31, q5_0 -16..15 (ggml's dequantize_row_*). */
+static void raw_levels(int fmt, const uint8_t *b, int *level) {
+    if (fmt == FMT_Q4_K || fmt == FMT_Q5_K) {
+        const uint8_t *qs = b + (fmt == FMT_Q4_K ? 16 : 48), *qh = b + 16;
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 32; l++) {
+                int lo = qs[32 * j + l] & 0xF, hi = qs[32 * j + l] >> 4;
+                if (fmt == FMT_Q5_K) {
+                    lo |= ((qh[l] >> (2 * j)) & 1) << 4;
+                    hi |= ((qh[l] >> (2 * j + 1)) & 1) << 4;
+                }
+                level[64 * j + l] = lo;
+                level[64 * j + 32 + l] = hi;
+            }
+    } else if (fmt == FMT_Q6_K) {
+        for (int n = 0; n < 2; n++)
+            for (int l = 0; l < 32; l++) {
+                const uint8_t *ql = b + 64 * n, h = b[128 + 32 * n + l];
+                level[128 * n + l] = ((ql[l] & 0xF) | ((h & 3) << 4)) - 32;
+                level[128 * n + 32 + l] = ((ql[l + 32] & 0xF) | (((h >> 2) & 3) << 4)) - 32;
+                level[128 * n + 64 + l] = ((ql[l] >> 4) | (((h >> 4) & 3) << 4)) - 32;
+                level[128 * n + 96 + l] = ((ql[l + 32] >> 4) | (((h >> 6) & 3) << 4)) - 32;
+            }
+    } else { /* q5_0, q5_1: bit j of qh is weight j's fifth bit */
+        const int head = fmt == FMT_Q5_0 ? 2 : 4, offset = fmt == FMT_Q5_0 ? 16 : 0;
+        uint32_t qh;
+        memcpy(&qh, b + head, sizeof qh);
+        const uint8_t *qs = b + head + 4;
+        for (int j = 0; j < 16; j++) {
+            level[j] = ((qs[j] & 0xF) | (((qh >> j) & 1) << 4)) - offset;
+            level[j + 16] = ((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - offset;
+        }
+    }
+}
+
+/* A raw block's weights as floats, with gguf-py's operations in its order
+ * (gguf.quants.dequantize: the same bits). */
+static void dequantize_raw_block(int fmt, const uint8_t *b, float *out) {
+    int level[SUPER];
+    raw_levels(fmt, b, level);
+    if (fmt == FMT_Q4_K || fmt == FMT_Q5_K) {
+        const float d = half_at(b), dmin = half_at(b + 2);
+        for (int j = 0; j < 8; j++) {
+            int sc, m;
+            k_scale_min(j, b + 4, &sc, &m);
+            const float scale = d * (float)sc, offset = dmin * (float)m;
+            for (int i = 32 * j; i < 32 * j + 32; i++) out[i] = scale * (float)level[i] - offset;
+        }
+    } else if (fmt == FMT_Q6_K) {
+        const float d = half_at(b + 208);
+        for (int j = 0; j < 16; j++) {
+            const float scale = d * (float)(int8_t)b[192 + j];
+            for (int i = 16 * j; i < 16 * j + 16; i++) out[i] = scale * (float)level[i];
+        }
+    } else {
+        const float d = half_at(b), m = fmt == FMT_Q5_1 ? half_at(b + 2) : 0.0f;
+        for (int i = 0; i < GROUP; i++) out[i] = fmt == FMT_Q5_1 ? d * (float)level[i] + m : d * (float)level[i];
+    }
+}
+
+#if !TANDEM_SIMD
+/* The exact integer part of a raw block's product with its int8 inputs,
+ * from the block `b` and its levels (raw_levels): q4_K / q5_K: S = sum
+ * over sub-blocks j of scale_j * sum(level * x) and M = sum of min_j *
+ * sum(x); q6_K: S over its 16 sub-blocks and int8 scales; q5_0 / q5_1:
+ * S = sum(level * x). */
+static void raw_block_sums(int fmt, const uint8_t *b, const int *level, const int8_t *x, int32_t *S, int32_t *M) {
+    int32_t s = 0, m = 0;
+    if (fmt == FMT_Q4_K || fmt == FMT_Q5_K) {
+        for (int j = 0; j < 8; j++) {
+            int sc, mn;
+            k_scale_min(j, b + 4, &sc, &mn);
+            int32_t dot = 0, sum = 0;
+            for (int i = 32 * j; i < 32 * j + 32; i++) {
+                dot += level[i] * x[i];
+                sum += x[i];
+            }
+            s += sc * dot;
+            m += mn * sum;
+        }
+    } else if (fmt == FMT_Q6_K) {
+        for (int j = 0; j < 16; j++) {
+            int32_t dot = 0;
+            for (int i = 16 * j; i < 16 * j + 16; i++) dot += level[i] * x[i];
+            s += (int8_t)b[192 + j] * dot;
+        }
+    } else {
+        for (int i = 0; i < GROUP; i++) s += level[i] * x[i];
+    }
+    *S = s;
+    *M = m;
+}
+#endif
+
 /* What is done to a row of x before the product (fused so that a decode
  * step pays one call, not three or four small torch ops, per product). */
 enum { INPUT_AS_IS = 0, INPUT_RMS_NORM = 1, INPUT_SWIGLU = 2, INPUT_GEGLU = 3 };
@@ -146,12 +369,14 @@ static void prepare_row(int input_op, const float *x, int64_t K, const float *no
     }
 }
 
-/* The quantized rows of x a product reads. */
+/* The quantized rows of x a product reads: int8 blocks of 32 (G of them
+ * per row), or of 256 for the K-quants (G super-blocks, sum16 set). */
 typedef struct {
-    const int8_t *q;     /* [M, K] */
-    const float *d;      /* [M, G] */
-    const int32_t *sum;  /* [M, G] */
-    const float *dsum;   /* [M, G] */
+    const int8_t *q;       /* [M, K] */
+    const float *d;        /* [M, G] */
+    const int32_t *sum;    /* [M, G] (blocks of 32) */
+    const float *dsum;     /* [M, G] (blocks of 32) */
+    const int16_t *sum16;  /* [M, K / 16] (K-quants) */
     int64_t K, G;
 } QuantizedRows;
 
@@ -159,12 +384,77 @@ typedef struct {
 typedef struct {
     int fmt;
     int64_t N, G;
-    const uint8_t *data;    /* [octets, G, 8 * bytes per row group] */
-    const uint16_t *scales; /* [octets, G, 8] */
+    const uint8_t *data;    /* [octets, G, 8 * bytes per row block] */
+    const uint16_t *scales; /* [octets, G, 8], or NULL (raw blocks) */
     const uint16_t *mins;   /* [octets, G, 8] or NULL */
 } PackedWeight;
 
-static inline int64_t octet_group_bytes(int fmt) { return fmt == FMT_Q8_0 ? OCTET * GROUP : OCTET * GROUP / 2; }
+static inline int64_t octet_group_bytes(int fmt) {
+    if (is_raw(fmt)) return OCTET * RAW_BYTES[fmt];
+    return fmt == FMT_Q8_0 ? OCTET * GROUP : OCTET * GROUP / 2;
+}
+
+/* The float chain of one output element over one raw block, from its exact
+ * integer sums S and M (raw_block_sums) and the inputs' scale dx (and, for
+ * q5_1, dx times the inputs' level sum): the formula at the top of this
+ * file. `b` is the block in file order. */
+static inline float raw_block_step(int fmt, const uint8_t *b, int32_t S, int32_t M, float dx, float dsum,
+                                   float acc) {
+    if (fmt == FMT_Q6_K) return fmaf(half_at(b + 208) * dx, (float)S, acc);
+    acc = fmaf(half_at(b) * dx, (float)S, acc);
+    if (is_k_quant(fmt)) acc = fmaf(-(half_at(b + 2) * dx), (float)M, acc);
+    if (fmt == FMT_Q5_1) acc = fmaf(half_at(b + 2), dsum, acc);
+    return acc;
+}
+
+/* Finish one output element: + bias, times scale, store or add. */
+static inline void finish_one(float value, const float *bias, float scale, int64_t n, float *out, int accumulate) {
+    if (bias) value = value + bias[n];
+    if (scale != 1.0f) value = value * scale;
+    *out = accumulate ? *out + value : value;
+}
+
+#if !TANDEM_SIMD
+/* The portable product for raw blocks: each block of the octet unpacked to
+ * file order and its levels decoded once per run of rows, then each row's
+ * exact sums and the float chain. */
+static void raw_octets_product(const PackedWeight *w, const QuantizedRows *x, int64_t M, int64_t first, int64_t last,
+                               const float *bias, float scale, float *y, int64_t y_stride, int accumulate) {
+    enum { RUN = 64 };
+    const int64_t G = w->G, obytes = octet_group_bytes(w->fmt), bw = block_weights(w->fmt);
+    uint8_t block[OCTET][256];
+    int level[OCTET][SUPER];
+    float acc[RUN][OCTET];
+    for (int64_t octet = first; octet < last; octet++) {
+        for (int64_t r0 = 0; r0 < M; r0 += RUN) {
+            const int64_t rows = M - r0 < RUN ? M - r0 : RUN;
+            memset(acc, 0, sizeof acc);
+            for (int64_t g = 0; g < G; g++) {
+                const uint8_t *chunk = w->data + (octet * G + g) * obytes;
+                for (int c = 0; c < OCTET; c++) {
+                    unpack_block(w->fmt, chunk, c, block[c]);
+                    raw_levels(w->fmt, block[c], level[c]);
+                }
+                for (int64_t r = 0; r < rows; r++) {
+                    const int64_t at = (r0 + r) * G + g;
+                    const int8_t *xg = x->q + (r0 + r) * x->K + g * bw;
+                    const float dsum = x->dsum ? x->dsum[at] : 0.0f;
+                    for (int c = 0; c < OCTET; c++) {
+                        int32_t S, Msum;
+                        raw_block_sums(w->fmt, block[c], level[c], xg, &S, &Msum);
+                        acc[r][c] = raw_block_step(w->fmt, block[c], S, Msum, x->d[at], dsum, acc[r][c]);
+                    }
+                }
+            }
+            for (int64_t r = 0; r < rows; r++)
+                for (int c = 0; c < OCTET && octet * OCTET + c < w->N; c++) {
+                    const int64_t n = octet * OCTET + c;
+                    finish_one(acc[r][c], bias, scale, n, y + (r0 + r) * y_stride + n, accumulate);
+                }
+        }
+    }
+}
+#endif
 
 /* The product's outputs for rows [r0, r0 + mr) and the columns of one
  * octet, as each element's final value (before bias and accumulation). */
@@ -196,18 +486,33 @@ static inline __m256i dot_u8s8(__m256i p, __m256i w, __m256i x) {
 #define TILE_OCTETS 1
 #endif
 
+static inline __m256i load32(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+static inline __m256 load_halves(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+
+/* q5_0 / q5_1: the fifth bits of piece k's low nibbles (`high` 0) or high
+ * ones, as 0x10 in each byte, from the lane's reordered qh (fifth_bit_order:
+ * bit k or 4 + k of each byte). */
+static inline __m256i fifth_bits(__m256i qh, int k, int high) {
+    const __m256i moved = high ? _mm256_srl_epi16(qh, _mm_cvtsi32_si128(k))
+                               : _mm256_sll_epi16(qh, _mm_cvtsi32_si128(4 - k));
+    return _mm256_and_si256(moved, _mm256_set1_epi8(0x10));
+}
+
 /* acc[r][o] (8 columns each) for MR rows of x and NO octets starting at
  * `octet`, over every group: the formula at the top of this file, one
  * column per lane. MR and NO are constants at each call site, so the
- * arrays below live in registers. */
+ * arrays below live in registers. q8_0, q4_0, q4_1, q5_0, q5_1. */
 static inline __attribute__((always_inline)) void tile(const PackedWeight *w, const QuantizedRows *x, int64_t r0,
                                                        int64_t octet, const int MR, const int NO, __m256 acc[4][2]) {
     const int64_t G = w->G, obytes = octet_group_bytes(w->fmt);
+    /* q5_0 / q5_1 blocks hold their scales: d (and m) at 0 (16), then qh, then the nibbles. */
+    const int five = is_five_bit(w->fmt);
+    const int64_t qh_at = w->fmt == FMT_Q5_1 ? 32 : 16, levels_at = five ? qh_at + 32 : 0;
     const uint8_t *base[2];
     const uint16_t *scales[2], *mins[2];
     for (int o = 0; o < NO; o++) {
         base[o] = w->data + (octet + o) * G * obytes;
-        scales[o] = w->scales + (octet + o) * G * OCTET;
+        scales[o] = five ? NULL : w->scales + (octet + o) * G * OCTET;
         mins[o] = w->mins ? w->mins + (octet + o) * G * OCTET : NULL;
     }
     for (int r = 0; r < MR; r++)
@@ -241,17 +546,24 @@ static inline __attribute__((always_inline)) void tile(const PackedWeight *w, co
         } else {
 #if TANDEM_SIMD == 1
             /* maddubs pairs summed as int16 over the whole group: 16
-             * products of at most 15 * 127 per lane, no overflow. */
-            __m256i h[4][2];
+             * products of at most 15 * 127 per lane, no overflow; 5-bit
+             * levels (31 * 127) keep low and high nibbles apart (8 each). */
+            __m256i h[4][2], h2[4][2];
             for (int r = 0; r < MR; r++)
-                for (int o = 0; o < NO; o++) h[r][o] = _mm256_setzero_si256();
+                for (int o = 0; o < NO; o++) h[r][o] = h2[r][o] = _mm256_setzero_si256();
 #endif
+            __m256i qh[2];
+            for (int o = 0; o < NO; o++) qh[o] = five ? load32(base[o] + g * obytes + qh_at) : _mm256_setzero_si256();
             for (int k = 0; k < 4; k++) {
                 __m256i lo[2], hi[2];
                 for (int o = 0; o < NO; o++) {
-                    const __m256i raw = _mm256_loadu_si256((const __m256i *)(base[o] + g * obytes + k * 32));
+                    const __m256i raw = load32(base[o] + g * obytes + levels_at + k * 32);
                     lo[o] = _mm256_and_si256(raw, low4);
                     hi[o] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+                    if (five) {
+                        lo[o] = _mm256_or_si256(lo[o], fifth_bits(qh[o], k, 0));
+                        hi[o] = _mm256_or_si256(hi[o], fifth_bits(qh[o], k, 1));
+                    }
                 }
                 for (int r = 0; r < MR; r++) {
                     const int8_t *xg = x->q + (r0 + r) * x->K + g * GROUP;
@@ -260,7 +572,8 @@ static inline __attribute__((always_inline)) void tile(const PackedWeight *w, co
                     for (int o = 0; o < NO; o++) {
 #if TANDEM_SIMD == 1
                         h[r][o] = _mm256_add_epi16(h[r][o], _mm256_maddubs_epi16(lo[o], xl));
-                        h[r][o] = _mm256_add_epi16(h[r][o], _mm256_maddubs_epi16(hi[o], xh));
+                        if (five) h2[r][o] = _mm256_add_epi16(h2[r][o], _mm256_maddubs_epi16(hi[o], xh));
+                        else h[r][o] = _mm256_add_epi16(h[r][o], _mm256_maddubs_epi16(hi[o], xh));
 #else
                         p[r][o] = dot_u8s8(p[r][o], lo[o], xl);
                         if (split) q[r][o] = dot_u8s8(q[r][o], hi[o], xh);
@@ -270,14 +583,23 @@ static inline __attribute__((always_inline)) void tile(const PackedWeight *w, co
                 }
             }
 #if TANDEM_SIMD == 1
+            const __m256i ones = _mm256_set1_epi16(1);
             for (int r = 0; r < MR; r++)
-                for (int o = 0; o < NO; o++) p[r][o] = _mm256_madd_epi16(h[r][o], _mm256_set1_epi16(1));
+                for (int o = 0; o < NO; o++) {
+                    p[r][o] = _mm256_madd_epi16(h[r][o], ones);
+                    if (five) p[r][o] = _mm256_add_epi32(p[r][o], _mm256_madd_epi16(h2[r][o], ones));
+                }
 #endif
         }
         __m256 dw[2], mw[2];
         for (int o = 0; o < NO; o++) {
-            dw[o] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales[o] + g * OCTET)));
-            if (w->fmt == FMT_Q4_1) mw[o] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mins[o] + g * OCTET)));
+            if (five) {
+                dw[o] = load_halves(base[o] + g * obytes);
+                mw[o] = w->fmt == FMT_Q5_1 ? load_halves(base[o] + g * obytes + 16) : _mm256_setzero_ps();
+            } else {
+                dw[o] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales[o] + g * OCTET)));
+                mw[o] = w->fmt == FMT_Q4_1 ? load_halves((const uint8_t *)(mins[o] + g * OCTET)) : _mm256_setzero_ps();
+            }
         }
         for (int r = 0; r < MR; r++) {
             const int64_t at = (r0 + r) * G + g;
@@ -285,9 +607,190 @@ static inline __attribute__((always_inline)) void tile(const PackedWeight *w, co
             for (int o = 0; o < NO; o++) {
                 __m256i P = split ? _mm256_add_epi32(p[r][o], q[r][o]) : p[r][o];
                 if (w->fmt == FMT_Q4_0) P = _mm256_sub_epi32(P, _mm256_set1_epi32(8 * x->sum[at]));
+                if (w->fmt == FMT_Q5_0) P = _mm256_sub_epi32(P, _mm256_set1_epi32(16 * x->sum[at]));
                 acc[r][o] = _mm256_fmadd_ps(_mm256_mul_ps(dw[o], dx), _mm256_cvtepi32_ps(P), acc[r][o]);
-                if (w->fmt == FMT_Q4_1) acc[r][o] = _mm256_fmadd_ps(mw[o], _mm256_set1_ps(x->dsum[at]), acc[r][o]);
+                if (w->fmt == FMT_Q4_1 || w->fmt == FMT_Q5_1)
+                    acc[r][o] = _mm256_fmadd_ps(mw[o], _mm256_set1_ps(x->dsum[at]), acc[r][o]);
             }
+        }
+    }
+}
+
+/* Two int16 in each 32-bit lane: lane values a (low half) and b (high). */
+static inline __m256i int16_pairs(__m256i a, __m256i b) {
+    return _mm256_or_si256(_mm256_and_si256(a, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(b, 16));
+}
+
+/* The same for two scalars, to broadcast. */
+static inline int32_t int16_pair(int a, int b) {
+    return (int32_t)((uint32_t)(uint16_t)a | ((uint32_t)(uint16_t)b << 16));
+}
+
+/* The 6-bit scale (or with `min`, the min) of sub-block j of each lane's
+ * q4_K / q5_K block, from the three 4-byte pieces of the packed 12 bytes:
+ * ggml's get_scale_min_k4, one lane per row. */
+static inline __m256i k_scale(__m256i first, __m256i second, __m256i third, int j, int min) {
+    const __m256i low = min ? second : first;
+    if (j < 4) return _mm256_and_si256(_mm256_srli_epi32(low, 8 * j), _mm256_set1_epi32(63));
+    const int k = j - 4;
+    const __m256i four = _mm256_and_si256(_mm256_srli_epi32(third, 8 * k + (min ? 4 : 0)), _mm256_set1_epi32(15));
+    const __m256i two = _mm256_and_si256(_mm256_srli_epi32(low, 8 * k + 6), _mm256_set1_epi32(3));
+    return _mm256_or_si256(four, _mm256_slli_epi32(two, 4));
+}
+
+/* Bit `bit` (a run-time count) of every byte, moved to bit 4. */
+static inline __m256i bit_to_4(__m256i v, int bit) {
+    const __m256i one = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(bit)), _mm256_set1_epi8(1));
+    return _mm256_slli_epi16(one, 4);
+}
+
+/* acc[r] (8 columns) for MR rows of x and one octet of a K-quant weight,
+ * over every super-block: per lane, the exact int32 sums S (and M) of the
+ * formula at the top of this file, then its float steps. maddubs sums
+ * pairs of level * x into int16, at most 16 products of 15 * 127 (q4_K,
+ * one sub-block), 8 of 31 * 127 (q5_K, half a sub-block) or 4 of 63 * 127
+ * (q6_K, half a sub-block, levels + 32); each int16 sum is then multiplied
+ * by its sub-block's scale into int32 by madd. Exact, as every build. The
+ * loops whose count needs no constant stay loops (`unroll 1`): the code
+ * stays small enough to compile in seconds and to sit in the I-cache. */
+static inline __attribute__((always_inline)) void tile_k(const PackedWeight *w, const QuantizedRows *x, int64_t r0,
+                                                         int64_t octet, const int MR, __m256 acc[4]) {
+    const int fmt = w->fmt;
+    const int64_t G = w->G, obytes = octet_group_bytes(fmt);
+    const uint8_t *base = w->data + octet * G * obytes;
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    for (int r = 0; r < MR; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; g++) {
+        const uint8_t *chunk = base + g * obytes;
+        __m256i S[4], h[4], hh[4];
+        const int8_t *xs[4];
+        const int16_t *sum16[4];
+        __m256 dx[4];
+        for (int r = 0; r < MR; r++) {
+            S[r] = h[r] = hh[r] = _mm256_setzero_si256();
+            xs[r] = x->q + (r0 + r) * x->K + g * SUPER;
+            sum16[r] = x->sum16 + (r0 + r) * (x->K / 16) + g * (SUPER / 16);
+            dx[r] = _mm256_set1_ps(x->d[(r0 + r) * G + g]);
+        }
+        /* Every sub-block's scale as an int16 pair per lane (for madd). */
+        __m256i scale[16];
+        if (fmt == FMT_Q6_K) {
+            /* Fields: ql 32 pieces at 0, qh 16 pieces at 1024, int8 scales 4 pieces at 1536, d at 1664. */
+            const uint8_t *ql = chunk, *qh = chunk + 8 * 128, *scales = chunk + 8 * 192;
+            /* Levels are taken as q + 32 (0..63, unsigned for maddubs); the
+             * 32 * sum over sub-blocks of scale * sum(x) comes off at the end. */
+            __m256i offset[4];
+            for (int r = 0; r < MR; r++) offset[r] = _mm256_setzero_si256();
+            for (int p = 0; p < 4; p++) {
+                const __m256i v = load32(scales + 32 * p);
+                for (int b = 0; b < 4; b++) {
+                    const __m256i s32 = _mm256_srai_epi32(_mm256_slli_epi32(v, 24 - 8 * b), 24);
+                    scale[4 * p + b] = int16_pairs(s32, s32);
+                }
+                const __m256i even = _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8); /* scales 4p, 4p + 2 */
+                const __m256i odd = _mm256_srai_epi16(v, 8);                        /* scales 4p + 1, 4p + 3 */
+                for (int r = 0; r < MR; r++) {
+                    const int16_t *b = sum16[r] + 4 * p;
+                    const __m256i sums_even = _mm256_set1_epi32(int16_pair(b[0], b[2]));
+                    const __m256i sums_odd = _mm256_set1_epi32(int16_pair(b[1], b[3]));
+                    offset[r] = _mm256_add_epi32(offset[r], _mm256_madd_epi16(even, sums_even));
+                    offset[r] = _mm256_add_epi32(offset[r], _mm256_madd_epi16(odd, sums_odd));
+                }
+            }
+            /* Half n, piece m (0..7) of ql's first and second 32 bytes (A, B)
+             * with qh piece 8n + m: A's low nibbles are inputs 128n + 4m
+             * (qh bits 0-1), B's low 128n + 32 + 4m (bits 2-3), A's high
+             * 128n + 64 + 4m (bits 4-5), B's high 128n + 96 + 4m (bits 6-7):
+             * target t in that order, sub-block 8n + 2t + m / 4; two
+             * pieces summed in int16 before the scale. */
+#pragma GCC unroll 1
+            for (int n = 0; n < 2; n++)
+#pragma GCC unroll 1
+                for (int pair = 0; pair < 4; pair++)
+                    for (int t = 0; t < 4; t++) {
+                        const __m256i sc = scale[8 * n + 2 * t + pair / 2];
+                        for (int e = 0; e < 2; e++) {
+                            const int m = 2 * pair + e;
+                            const __m256i bits = load32(qh + 32 * (8 * n + m));
+                            const __m256i src = load32(ql + 32 * (16 * n + 8 * (t & 1) + m));
+                            const __m256i nibble = t < 2 ? _mm256_and_si256(src, low4)
+                                                         : _mm256_and_si256(_mm256_srli_epi16(src, 4), low4);
+                            const __m256i high = t == 0   ? _mm256_slli_epi16(bits, 4)
+                                                 : t == 1 ? _mm256_slli_epi16(bits, 2)
+                                                 : t == 2 ? bits
+                                                          : _mm256_srli_epi16(bits, 2);
+                            const __m256i level =
+                                _mm256_or_si256(nibble, _mm256_and_si256(high, _mm256_set1_epi8(0x30)));
+                            for (int r = 0; r < MR; r++) {
+                                const __m256i xv = _mm256_set1_epi32(load_piece(xs[r] + 128 * n + 32 * t + 4 * m));
+                                h[r] = _mm256_add_epi16(h[r], _mm256_maddubs_epi16(level, xv));
+                            }
+                        }
+                        for (int r = 0; r < MR; r++) {
+                            S[r] = _mm256_add_epi32(S[r], _mm256_madd_epi16(h[r], sc));
+                            h[r] = _mm256_setzero_si256();
+                        }
+                    }
+            const __m256 dw = load_halves(chunk + 8 * 208);
+            for (int r = 0; r < MR; r++) {
+                S[r] = _mm256_sub_epi32(S[r], _mm256_slli_epi32(offset[r], 5));
+                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx[r]), _mm256_cvtepi32_ps(S[r]), acc[r]);
+            }
+            continue;
+        }
+        /* q4_K / q5_K fields: d at 0, dmin at 16, scales 3 pieces at 32,
+         * (q5_K: qh 8 pieces at 128,) nibbles 32 pieces at 128 (q5_K 384).
+         * Chunk j of the nibbles: piece 8j + p holds inputs 64j + 4p.. (low
+         * nibbles, sub-block 2j) and 64j + 32 + 4p.. (high, 2j + 1). */
+        const int five = fmt == FMT_Q5_K;
+        const uint8_t *qs = chunk + (five ? 8 * 48 : 8 * 16), *qh = chunk + 8 * 16;
+        const __m256i first = load32(chunk + 32), second = load32(chunk + 64), third = load32(chunk + 96);
+        __m256i mins[4];
+        for (int j = 0; j < 8; j++) {
+            const __m256i sc = k_scale(first, second, third, j, 0);
+            scale[j] = int16_pairs(sc, sc);
+        }
+        for (int i = 0; i < 4; i++)
+            mins[i] = int16_pairs(k_scale(first, second, third, 2 * i, 1), k_scale(first, second, third, 2 * i + 1, 1));
+        const int run = five ? 4 : 8; /* pieces summed in int16 before the scale */
+#pragma GCC unroll 1
+        for (int j = 0; j < 4; j++) {
+            for (int p = 0; p < 8; p++) {
+                const __m256i raw = load32(qs + 32 * (8 * j + p));
+                __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+                if (five) {
+                    const __m256i bits = load32(qh + 32 * p);
+                    lo = _mm256_or_si256(lo, bit_to_4(bits, 2 * j));
+                    hi = _mm256_or_si256(hi, bit_to_4(bits, 2 * j + 1));
+                }
+                for (int r = 0; r < MR; r++) {
+                    const __m256i pl = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(load_piece(xs[r] + 64 * j + 4 * p)));
+                    const __m256i ph =
+                        _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load_piece(xs[r] + 64 * j + 32 + 4 * p)));
+                    h[r] = _mm256_add_epi16(h[r], pl);
+                    hh[r] = _mm256_add_epi16(hh[r], ph);
+                    if (p % run == run - 1) {
+                        S[r] = _mm256_add_epi32(S[r], _mm256_madd_epi16(h[r], scale[2 * j]));
+                        S[r] = _mm256_add_epi32(S[r], _mm256_madd_epi16(hh[r], scale[2 * j + 1]));
+                        h[r] = hh[r] = _mm256_setzero_si256();
+                    }
+                }
+            }
+        }
+        /* M = sum of min_j * sum(x over sub-block j), two sub-blocks per madd. */
+        __m256i M[4];
+        for (int r = 0; r < MR; r++) {
+            M[r] = _mm256_setzero_si256();
+            for (int i = 0; i < 4; i++) {
+                const int16_t *b = sum16[r] + 4 * i;
+                const __m256i sums = _mm256_set1_epi32(int16_pair(b[0] + b[1], b[2] + b[3]));
+                M[r] = _mm256_add_epi32(M[r], _mm256_madd_epi16(mins[i], sums));
+            }
+        }
+        const __m256 dw = load_halves(chunk), dmin = load_halves(chunk + 16);
+        for (int r = 0; r < MR; r++) {
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx[r]), _mm256_cvtepi32_ps(S[r]), acc[r]);
+            acc[r] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dx[r]), _mm256_cvtepi32_ps(M[r]), acc[r]);
         }
     }
 }
@@ -320,11 +823,39 @@ static inline void finish(__m256 v, const float *bias, float scale, int64_t n0, 
                 finish(acc[r][o], bias, scale, (octet + o) * OCTET, w->N, y + (r0 + r) * y_stride, accumulate); \
     } while (0)
 
-static void octets_product(const PackedWeight *w, const QuantizedRows *x, int64_t M, int64_t first, int64_t last,
-                           const float *bias, float scale, float *y, int64_t y_stride, int accumulate) {
+#define K_TILE_CASE(MR)                                                                            \
+    do {                                                                                           \
+        __m256 acc[4];                                                                             \
+        tile_k(w, x, r0, octet, MR, acc);                                                          \
+        for (int r = 0; r < MR; r++)                                                               \
+            finish(acc[r], bias, scale, octet * OCTET, w->N, y + (r0 + r) * y_stride, accumulate);  \
+    } while (0)
+
+/* One copy of the tiles: GCC would otherwise clone them for the
+ * branch-output call's constant arguments, doubling the build time for
+ * nothing. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define ONE_COPY __attribute__((noinline, noclone))
+#else
+#define ONE_COPY __attribute__((noinline))
+#endif
+ONE_COPY static void octets_product(const PackedWeight *w, const QuantizedRows *x, int64_t M, int64_t first,
+                                    int64_t last, const float *bias, float scale, float *y, int64_t y_stride,
+                                    int accumulate) {
     for (int64_t r0 = 0; r0 < M; r0 += TILE_ROWS) {
         const int64_t mr = M - r0 < TILE_ROWS ? M - r0 : TILE_ROWS;
         int64_t octet = first;
+        if (is_k_quant(w->fmt)) {
+            for (; octet < last; octet++) {
+                switch (mr) {
+                case 4: K_TILE_CASE(4); break;
+                case 3: K_TILE_CASE(3); break;
+                case 2: K_TILE_CASE(2); break;
+                default: K_TILE_CASE(1); break;
+                }
+            }
+            continue;
+        }
 #if TILE_OCTETS == 2
         /* Two octets per tile where that measured faster: 4-bit weights and
          * more than one row (bench/quant_kernels.py; for q8_0's larger
@@ -355,6 +886,10 @@ static void octets_product(const PackedWeight *w, const QuantizedRows *x, int64_
 static void octets_product(const PackedWeight *w, const QuantizedRows *x, int64_t M, int64_t first, int64_t last,
                            const float *bias, float scale, float *y, int64_t y_stride, int accumulate) {
     const int64_t G = w->G, obytes = octet_group_bytes(w->fmt);
+    if (is_raw(w->fmt)) {
+        raw_octets_product(w, x, M, first, last, bias, scale, y, y_stride, accumulate);
+        return;
+    }
     for (int64_t r = 0; r < M; r++) {
         const int8_t *xr = x->q + r * x->K;
         for (int64_t octet = first; octet < last; octet++) {
@@ -405,24 +940,28 @@ int tandem_quant_gemm(int fmt, int64_t M, int64_t N, int64_t K, const float *x, 
                       const uint8_t *data, const uint16_t *scales, const uint16_t *mins, const float *bias,
                       float *y, int64_t y_stride, int threads, int input_op, const float *norm_weight, float eps,
                       int accumulate, const float *out_norm, float out_scale) {
-    if (K % GROUP != 0 || (fmt == FMT_Q4_1) != (mins != NULL) || fmt < 0 || fmt > 2) return 1;
+    if (fmt < 0 || fmt >= FORMAT_COUNT || K % block_weights(fmt) != 0) return 1;
+    if ((fmt == FMT_Q4_1) != (mins != NULL) || is_raw(fmt) != (scales == NULL)) return 1;
     if (input_op < 0 || input_op > 3 || (input_op == INPUT_RMS_NORM && norm_weight == NULL)) return 1;
     if (M <= 0 || N <= 0) return 0;
-    const int64_t groups = K / GROUP;
+    const int k_quant = is_k_quant(fmt);
+    const int64_t groups = K / block_weights(fmt);
     int8_t *xq = malloc((size_t)(M * K));
     float *xd = malloc((size_t)(M * groups) * sizeof(float));
-    int32_t *xsum = malloc((size_t)(M * groups) * sizeof(int32_t));
-    float *xs = malloc((size_t)(M * groups) * sizeof(float));
+    int32_t *xsum = k_quant ? NULL : malloc((size_t)(M * groups) * sizeof(int32_t));
+    float *xs = k_quant ? NULL : malloc((size_t)(M * groups) * sizeof(float));
+    int16_t *xsum16 = k_quant ? malloc((size_t)(M * K / 16) * sizeof(int16_t)) : NULL;
     float *prepared = input_op != INPUT_AS_IS ? malloc((size_t)(M * K) * sizeof(float)) : NULL;
     /* With an output norm the product goes to `branch` first: a row's norm
      * needs all of its columns. */
     float *branch = out_norm ? malloc((size_t)(M * N) * sizeof(float)) : NULL;
-    if (!xq || !xd || !xsum || !xs || (input_op != INPUT_AS_IS && !prepared) || (out_norm && !branch)) {
-        free(xq); free(xd); free(xsum); free(xs); free(prepared); free(branch);
+    if (!xq || !xd || (k_quant ? !xsum16 : !xsum || !xs) || (input_op != INPUT_AS_IS && !prepared) ||
+        (out_norm && !branch)) {
+        free(xq); free(xd); free(xsum); free(xs); free(xsum16); free(prepared); free(branch);
         return 2;
     }
     const PackedWeight w = {fmt, N, groups, data, scales, mins};
-    const QuantizedRows rows = {xq, xd, xsum, xs, K, groups};
+    const QuantizedRows rows = {xq, xd, xsum, xs, xsum16, K, groups};
     const int64_t octets = (N + OCTET - 1) / OCTET;
     const int64_t blocks = (octets + BLOCK_OCTETS - 1) / BLOCK_OCTETS;
     #pragma omp parallel num_threads(threads) if (threads > 1 && M * N * K >= (1 << 16))
@@ -434,7 +973,8 @@ int tandem_quant_gemm(int fmt, int64_t M, int64_t N, int64_t K, const float *x, 
                 prepare_row(input_op, row, K, norm_weight, eps, prepared + i * K);
                 row = prepared + i * K;
             }
-            quantize_row(row, K, xq + i * K, xd + i * groups, xsum + i * groups, xs + i * groups);
+            if (k_quant) quantize_row_super(row, K, xq + i * K, xd + i * groups, xsum16 + i * (K / 16));
+            else quantize_row(row, K, xq + i * K, xd + i * groups, xsum + i * groups, xs + i * groups);
         }
         #pragma omp for schedule(static)
         for (int64_t b = 0; b < blocks; b++) {
@@ -455,7 +995,7 @@ int tandem_quant_gemm(int fmt, int64_t M, int64_t N, int64_t K, const float *x, 
             }
         }
     }
-    free(xq); free(xd); free(xsum); free(xs); free(prepared); free(branch);
+    free(xq); free(xd); free(xsum); free(xs); free(xsum16); free(prepared); free(branch);
     return 0;
 }
 
@@ -463,13 +1003,19 @@ int tandem_quant_gemm(int fmt, int64_t M, int64_t N, int64_t K, const float *x, 
  * table tied to the LM head). */
 int tandem_quant_take_packed(int fmt, int64_t count, const int64_t *index, int64_t K, const uint8_t *data,
                              const uint16_t *scales, const uint16_t *mins, float *out) {
-    if (K % GROUP != 0) return 1;
-    const int64_t G = K / GROUP, obytes = octet_group_bytes(fmt);
+    if (fmt < 0 || fmt >= FORMAT_COUNT || K % block_weights(fmt) != 0) return 1;
+    const int64_t bw = block_weights(fmt), G = K / bw, obytes = octet_group_bytes(fmt);
     #pragma omp parallel for schedule(static) if (count >= 256)
     for (int64_t r = 0; r < count; r++) {
         const int64_t n = index[r], octet = n / OCTET, c = n % OCTET;
         for (int64_t g = 0; g < G; g++) {
             const uint8_t *wg = data + (octet * G + g) * obytes;
+            if (is_raw(fmt)) {
+                uint8_t block[256];
+                unpack_block(fmt, wg, (int)c, block);
+                dequantize_raw_block(fmt, block, out + r * K + g * bw);
+                continue;
+            }
             const int64_t at = (octet * G + g) * OCTET + c;
             const float d = half_to_float(scales[at]);
             float *o = out + r * K + g * GROUP;
@@ -493,13 +1039,18 @@ int tandem_quant_take_packed(int fmt, int64_t count, const int64_t *index, int64
 /* Rows `index` of a quantized table, dequantized (embedding lookups). */
 int tandem_quant_take_rows(int fmt, int64_t count, const int64_t *index, int64_t K, const uint8_t *data,
                            const uint16_t *scales, const uint16_t *mins, float *out) {
-    if (K % GROUP != 0) return 1;
-    const int64_t groups = K / GROUP;
-    const int64_t row_bytes = fmt == FMT_Q8_0 ? K : K / 2;
+    if (fmt < 0 || fmt >= FORMAT_COUNT || K % block_weights(fmt) != 0) return 1;
+    const int64_t bw = block_weights(fmt), groups = K / bw;
+    const int64_t row_bytes = is_raw(fmt) ? groups * RAW_BYTES[fmt] : fmt == FMT_Q8_0 ? K : K / 2;
     #pragma omp parallel for schedule(static) if (count >= 256)
     for (int64_t r = 0; r < count; r++) {
         const int64_t n = index[r];
         const uint8_t *w = data + n * row_bytes;
+        if (is_raw(fmt)) {
+            for (int64_t g = 0; g < groups; g++)
+                dequantize_raw_block(fmt, w + g * RAW_BYTES[fmt], out + r * K + g * bw);
+            continue;
+        }
         for (int64_t g = 0; g < groups; g++) {
             float d = half_to_float(scales[n * groups + g]);
             float *o = out + r * K + g * GROUP;

@@ -1,6 +1,9 @@
-"""Weight-only quantized matrix products on CUDA: a Triton kernel that reads
-engine.model.quant's block-quantized weights (q8_0, q4_0, q4_1) as they are stored
-and dequantizes them in registers, so no float copy of any weight exists.
+"""Weight-only quantized matrix products on CUDA: Triton kernels that read
+engine.model.quant's block-quantized weights as they are stored and
+dequantize them in registers, so no float copy of any weight exists. One
+kernel serves the grouped formats (q8_0, q4_0, q4_1: levels and scales
+apart), another the formats kept as the GGUF file's blocks (q4_k, q5_k,
+q6_k, q5_0, q5_1; see "Raw blocks" below).
 
 One kernel serves the three formats (a constexpr picks the unpacking) and
 computes y[M, N] = x[M, K] @ W^T (+ bias), accumulating in fp32. Each program
@@ -31,7 +34,17 @@ a product of a given shape always runs the same program (what `tiled` relies
 on for batch invariance). They were chosen so that ptxas (sm_90, Triton 3.9)
 reports no register spills for any format and dtype, not timed on a GPU.
 
-`TRITON_INTERPRET=1` (set before triton is first imported) runs the kernel on
+Raw blocks: a q4_k / q5_k / q6_k / q5_0 / q5_1 row is its GGUF blocks
+byte for byte (ggml's block_q4_K etc.; 256 weights a block for the
+K-quants, 32 for Q5). The kernel walks K in steps of K_STEP weights and
+derives, for each weight of the step, the bytes that hold its level, its
+high bits and its sub-block's scale (and min) from its position in its
+block: gathers that a step's neighbouring weights share, so each byte
+comes from memory once and from cache after. The arithmetic is gguf-py's
+dequantize (d * scale, then times the level, minus dmin * min), and the
+products the same two paths as above.
+
+`TRITON_INTERPRET=1` (set before triton is first imported) runs the kernels on
 the CPU: tests/engine/test_triton_quant.py.
 """
 
@@ -41,6 +54,7 @@ import torch
 
 from engine.model.linear import tiled_product
 from engine.model.quant import GROUP_SIZE, QuantizedTensor
+from engine.model.quant_formats import RAW_BLOCK_FORMATS
 
 try:
     import triton
@@ -51,6 +65,7 @@ except Exception:  # not installed, or a build that does not load here
 # Rows up to this count take the broadcast-and-sum path (decode steps).
 SMALL_M_MAX = 4
 _FORMAT_CODES = {"q8_0": 0, "q4_0": 1, "q4_1": 2}
+_RAW_FORMAT_CODES = {"q4_k": 0, "q5_k": 1, "q6_k": 2, "q5_0": 3, "q5_1": 4}
 
 if triton is not None:
 
@@ -125,6 +140,93 @@ if triton is not None:
         out = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
+    @triton.jit
+    def _fp16_at(ptr, mask):
+        # A little-endian float16 from two bytes (a block's d, dmin or m).
+        low = tl.load(ptr, mask=mask, other=0).to(tl.uint16)
+        high = tl.load(ptr + 1, mask=mask, other=0).to(tl.uint16)
+        return (low | (high << 8)).to(tl.float16, bitcast=True).to(tl.float32)
+
+    @triton.jit
+    def _byte_at(ptr, mask):
+        return tl.load(ptr, mask=mask, other=0).to(tl.int32)
+
+    @triton.jit
+    def _raw_block_weights(block, i, mask, FORMAT: tl.constexpr):
+        """The weights at positions `i` [K_STEP] of the blocks starting at
+        `block` [BLOCK_N, K_STEP], as gguf-py's dequantize_blocks computes them."""
+        if FORMAT <= 1:
+            # q4_k / q5_k: d, dmin, 12 bytes of 6-bit scales and mins for 8
+            # sub-blocks of 32 (ggml's get_scale_min_k4), [q5_k: 32 bytes of
+            # fifth bits,] then 4-bit levels, two sub-blocks per 32 bytes.
+            sub = i // 32
+            d = _fp16_at(block, mask)
+            dmin = _fp16_at(block + 2, mask)
+            first = _byte_at(block + 4 + sub, mask)
+            second = _byte_at(block + 8 + sub, mask)
+            before = _byte_at(block + 4 + tl.where(sub >= 4, sub - 4, sub), mask)
+            low_half = sub < 4
+            scale = tl.where(low_half, first & 63, (second & 0xF) | ((before >> 2) & 0x30))
+            minimum = tl.where(low_half, second & 63, (second >> 4) | ((first >> 2) & 0x30))
+            levels_at = 16 if FORMAT == 0 else 48
+            level = (_byte_at(block + levels_at + (i // 64) * 32 + i % 32, mask) >> ((sub % 2) * 4)) & 0xF
+            if FORMAT == 1:
+                level = level | (((_byte_at(block + 16 + i % 32, mask) >> sub) & 1) << 4)
+            return (d * scale.to(tl.float32)) * level.to(tl.float32) - dmin * minimum.to(tl.float32)
+        elif FORMAT == 2:
+            # q6_k: 128 bytes of low nibbles, 64 of 2-bit high parts, 16 int8
+            # scales (one per 16 weights), then d.
+            half = i // 128
+            quarter = (i % 128) // 32
+            lane = i % 32
+            low = (_byte_at(block + 64 * half + 32 * (quarter % 2) + lane, mask) >> (4 * (quarter // 2))) & 0xF
+            high = (_byte_at(block + 128 + 32 * half + lane, mask) >> (2 * quarter)) & 3
+            scale = tl.load(block + 192 + i // 16, mask=mask, other=0).to(tl.int8, bitcast=True).to(tl.float32)
+            d = _fp16_at(block + 208, mask)
+            return (d * scale) * ((low | (high << 4)) - 32).to(tl.float32)
+        else:
+            # q5_0 / q5_1: d [, m], the 32 fifth bits as a little-endian
+            # uint32, then 16 bytes: input j low nibble, input j + 16 high.
+            bits_at = 2 if FORMAT == 3 else 4
+            low = (_byte_at(block + bits_at + 4 + i % 16, mask) >> ((i // 16) * 4)) & 0xF
+            high = (_byte_at(block + bits_at + i // 8, mask) >> (i % 8)) & 1
+            level = low | (high << 4)
+            d = _fp16_at(block, mask)
+            if FORMAT == 3:
+                return d * (level - 16).to(tl.float32)
+            return d * level.to(tl.float32) + _fp16_at(block + 2, mask)
+
+    @triton.jit
+    def _raw_block_matmul_kernel(
+        x_ptr, data_ptr, bias_ptr, out_ptr,
+        M, N, K, stride_xm, stride_om,
+        FORMAT: tl.constexpr, BLOCK: tl.constexpr, BLOCK_BYTES: tl.constexpr, HAS_BIAS: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, K_STEP: tl.constexpr,
+        USE_DOT: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    ):
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        row_ok = rows < M
+        col_ok = cols < N
+        row_bytes = (K // BLOCK) * BLOCK_BYTES
+        data_rows = data_ptr + cols.to(tl.int64)[:, None] * row_bytes
+        x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm
+        step = tl.arange(0, K_STEP)
+
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, K_STEP):
+            k = k0 + step
+            k_ok = k < K
+            block = data_rows + ((k // BLOCK) * BLOCK_BYTES)[None, :]
+            w = _raw_block_weights(block, k % BLOCK, col_ok[:, None] & k_ok[None, :], FORMAT)
+            x = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+            acc = _accumulate(acc, x, w, USE_DOT, DOT_DTYPE, PRECISION)
+
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        out = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
     # Decided when the kernel was decorated, which is what counts: the
     # environment variable may change afterwards.
     _INTERPRETED = not isinstance(_quant_matmul_kernel, triton.runtime.JITFunction)
@@ -160,6 +262,23 @@ def _launch_config(rows: int, dtype: torch.dtype) -> dict:
             "USE_DOT": True, "DOT_DTYPE": dot_dtype, "PRECISION": "tf32", "num_warps": 8}
 
 
+def _raw_block_product(
+    x: torch.Tensor, data: torch.Tensor, fmt: str, bias: torch.Tensor | None, out: torch.Tensor, config: dict
+) -> None:
+    """out = x @ W.T (+ bias) for W a [N, K / block * block_bytes] matrix of
+    `fmt`'s raw blocks; x [M, K] and out [M, N] dense in their rows."""
+    block, block_bytes = RAW_BLOCK_FORMATS[fmt]
+    rows, in_features = x.shape
+    config = {name: value for name, value in config.items() if name != "BLOCK_K"} | {"K_STEP": config["BLOCK_K"]}
+    grid = (triton.cdiv(rows, config["BLOCK_M"]), triton.cdiv(out.shape[1], config["BLOCK_N"]))
+    _raw_block_matmul_kernel[grid](
+        x, data, out if bias is None else bias, out,
+        rows, out.shape[1], in_features, x.stride(0), out.stride(0),
+        FORMAT=_RAW_FORMAT_CODES[fmt], BLOCK=block, BLOCK_BYTES=block_bytes, HAS_BIAS=bias is not None,
+        **config,
+    )
+
+
 class TritonQuantLinear:
     """y = x @ W.T + bias with W block-quantized (engine.model.quant formats), on
     CUDA (or the CPU under TRITON_INTERPRET). x: float16, bfloat16 or float32
@@ -174,12 +293,17 @@ class TritonQuantLinear:
         self.format = weight.format
         self.out_features, self.in_features = weight.shape
         # The kernel indexes rows densely; already-dense tensors are kept as they are.
-        self.weight = QuantizedTensor(
-            weight.format,
-            weight.data.contiguous(),
-            weight.scales.contiguous(),
-            None if weight.mins is None else weight.mins.contiguous(),
-        )
+        if weight.format in RAW_BLOCK_FORMATS:
+            self.weight = weight if weight.data.is_contiguous() else QuantizedTensor(
+                weight.format, weight.data.contiguous(), None
+            )
+        else:
+            self.weight = QuantizedTensor(
+                weight.format,
+                weight.data.contiguous(),
+                weight.scales.contiguous(),
+                None if weight.mins is None else weight.mins.contiguous(),
+            )
         self.bias = None if bias is None else bias.contiguous()
 
     @property
@@ -200,6 +324,9 @@ class TritonQuantLinear:
         if rows == 0:
             return out.view(*lead, self.out_features)
         config = _launch_config(rows, x.dtype)
+        if self.format in RAW_BLOCK_FORMATS:
+            _raw_block_product(x2, self.weight.data, self.format, self.bias, out, config)
+            return out.view(*lead, self.out_features)
         part_per_group = GROUP_SIZE if self.format == "q8_0" else GROUP_SIZE // 2
         part = config["BLOCK_K"] * part_per_group // GROUP_SIZE
         grid = (triton.cdiv(rows, config["BLOCK_M"]), triton.cdiv(self.out_features, config["BLOCK_N"]))
