@@ -34,6 +34,7 @@ from engine.model.tokenizer import Tokenizer
 from engine.params import SamplingParams, defaults_for, read_recommended_sampling
 from engine.progress import ProgressCallback
 from engine.runner.cpu import ModelRunner
+from engine.structured.constraint import Constraint
 
 __all__ = ["Engine", "EngineStats", "RequestHandle", "Prompt", "Message"]
 
@@ -218,10 +219,23 @@ class Engine:
             isinstance(first, Seq) and not isinstance(first, Mapping)
         )
 
+    # -- constraints -----------------------------------------------------------
+
+    def check_constraint(self, constraint: Constraint) -> None:
+        """Compile `constraint` for this model's tokenizer (cached) or raise
+        InvalidConstraint, a one-line message naming the unsupported feature or
+        the limit. Submitting a constrained request does this too; a server
+        calls it first off its event loop (`await asyncio.to_thread(...)`), as
+        a first compile may take up to engine.structured.compiler.COMPILE_SECONDS."""
+        self._core.grammar_compiler().compile(constraint)
+
     # -- submitting ----------------------------------------------------------
 
     def _new_sequence(self, ids: list[int], params: SamplingParams, sink: EventSink | None) -> Sequence:
         core = self._core
+        # Compiled before the request exists: a constraint that cannot run
+        # fails the call, and nothing is queued.
+        grammar = core.grammar_compiler().compile(params.constraint) if params.constraint else None
         return Sequence(
             request_id=next(self._ids),
             prompt_ids=ids,
@@ -230,6 +244,7 @@ class Engine:
             detokenizer=IncrementalDetokenizer(self.tokenizer, ids, params.stop),
             sink=sink or (lambda event: None),
             stop_token_ids=frozenset() if params.ignore_eos else core.stop_ids,
+            matcher=grammar.new_matcher() if grammar is not None else None,
         )
 
     def submit(

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import EngineError
+from engine.structured.constraint import Constraint
 
 # Sampling this cold is greedy in effect, and dividing by a temperature near 0 overflows float32.
 _MIN_TEMPERATURE = 1e-5
@@ -161,6 +162,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     """Stop strings; the detokenizer acts on them."""
     ignore_eos: bool = False
+    constraint: Constraint | None = None
+    """The grammar the reply must follow (engine.structured); None: free text.
+    Set by a program (the server's response_format and tools), not by a form."""
 
     def __post_init__(self) -> None:
         # Each message names the field (a program sets it) and says what it does
@@ -189,6 +193,11 @@ class SamplingParams:
             all(self.stop),
             "stop", "texts that end the reply",
             "free of empty strings (an empty one would end every reply at once)", self.stop,
+        )
+        _require(
+            self.constraint is None or isinstance(self.constraint, Constraint),
+            "constraint", "the grammar the reply follows", "an engine.structured.Constraint, or None",
+            self.constraint,
         )
 
     @property

@@ -50,6 +50,8 @@ from engine.runner.cpu import ModelRunner
 from engine.runner.cuda import make_cuda_runner
 from engine.runner.memory import cuda_kv_cache_bytes, default_kv_budget, default_kv_pages, kv_bytes_per_page
 from engine.runner.threads import thread_policy
+from engine.structured.compiler import GrammarCompiler
+from engine.structured.token_masks import PendingMasks, TokenMaskWorker
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +115,9 @@ class EngineCore:
         self.generated = 0
         self.decode_window: deque[tuple[int, float]] = deque(maxlen=64)
         self.ttfts: deque[float] = deque(maxlen=32)
+        self.mask_worker: TokenMaskWorker | None = None  # started by the first constrained request
+        self._grammars: GrammarCompiler | None = None
+        self._grammars_lock = threading.Lock()
 
     # -- called from any thread -------------------------------------------
 
@@ -165,6 +170,17 @@ class EngineCore:
         if isinstance(call.result, BaseException):
             raise call.result
         return call.result
+
+    def grammar_compiler(self) -> GrammarCompiler:
+        """Compiles constraints for this model's tokenizer (made on first use)."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                self._grammars = GrammarCompiler(
+                    self.model_path / "tokenizer.json",
+                    max(self.config.vocab_size, self.tokenizer.vocab_size),
+                    self.stop_ids,
+                )
+            return self._grammars
 
     def shutdown(self, reason: str) -> None:
         with self.lock:
@@ -362,6 +378,8 @@ class EngineCore:
             self.closed = True
             self.stopping.set()
         error = EngineClosedError(reason)
+        if self.mask_worker is not None:
+            self.mask_worker.close()
         if hasattr(self, "scheduler"):
             self._fail_all(error)
         while (item := self._next_nowait()) is not None:
@@ -386,7 +404,7 @@ class EngineCore:
             seq = item.seq
             self.live[seq.request_id] = seq
             try:
-                seq.sampler = RequestSampler(seq.params, self.device, seq.prompt_ids)
+                seq.sampler = RequestSampler(seq.params, self.device, seq.prompt_ids, seq.matcher)
                 self.scheduler.add(seq)
             except Exception as exc:
                 self._finish(seq, exc)
@@ -413,11 +431,29 @@ class EngineCore:
                 metrics.first_scheduled_time = started
                 self.prompt_reused += metrics.cached_prompt_tokens
         try:
-            tokens = self.runner.execute(step)
+            tokens = self._execute(step)
         except Exception as exc:
             self._isolate_failure(step, exc, started)
             return
         self._complete(step, tokens, started)
+
+    def _execute(self, step: ScheduleResult) -> list[int]:
+        """The runner's forward and sampling, with the constrained requests'
+        masks computed while the forward runs."""
+        return self.runner.execute(step, self._start_masks(step))
+
+    def _start_masks(self, step: ScheduleResult) -> PendingMasks | None:
+        sampling = (c.seq for c in step.chunks if c.samples)
+        matchers = [
+            (row, seq.sampler.matcher) for row, seq in enumerate(sampling) if seq.sampler.matcher is not None
+        ]
+        if not matchers:
+            return None
+        if self.mask_worker is None:
+            self.mask_worker = TokenMaskWorker(
+                self.grammar_compiler().vocab_size, self.config.vocab_size, self.device
+            )
+        return self.mask_worker.start(matchers)
 
     def _isolate_failure(self, step: ScheduleResult, error: Exception, started: float) -> None:
         """A forward failed. Rerun its chunks one at a time: only the request(s)
@@ -441,7 +477,7 @@ class EngineCore:
                 else ScheduleResult(prefills=[chunk])
             )
             try:
-                tokens = self.runner.execute(alone)
+                tokens = self._execute(alone)
             except Exception as exc:
                 log.error("request %d failed in the model", seq.request_id, exc_info=exc)
                 self._finish(seq, exc)
@@ -486,7 +522,8 @@ class EngineCore:
             seq.finish_reason = "stop"
         else:
             seq.pending_text += seq.detokenizer.add(token)
-            if seq.detokenizer.stopped:
+            # A complete grammar allows nothing but an end token: end now, not a step later.
+            if seq.detokenizer.stopped or seq.sampler.grammar_complete:
                 seq.finish_reason = "stop"
         if seq.finish_reason is None and (
             seq.num_generated >= seq.params.max_tokens or len(seq.token_ids) >= self.max_context

@@ -6,6 +6,7 @@ import enum
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.core.detokenizer import IncrementalDetokenizer
 from engine.model.sampler import RequestSampler
@@ -84,6 +85,9 @@ class Sequence:
     detokenizer: IncrementalDetokenizer
     sink: EventSink
     stop_token_ids: frozenset[int]
+    # The request's grammar state (an llguidance LLMatcher at its start) when
+    # its params carry a constraint; the sampler advances it.
+    matcher: Any = None
     token_ids: list[int] = field(init=False)
     status: SequenceStatus = SequenceStatus.WAITING
     pages: list[int] = field(default_factory=list)

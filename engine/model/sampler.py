@@ -15,6 +15,10 @@ number from the request's own generator, so that a request's tokens depend on it
 logits, not on the other requests in the batch. (Up to rounding: a reduction may sum in another
 order for another batch shape, which matters only for a token within rounding of a top-p
 boundary.)
+
+A constrained request (engine.structured) brings a mask of the tokens its grammar allows: its
+row's other logits become -inf before anything else, so top-k, top-p and min-p choose among the
+allowed tokens only, and no other row is touched.
 """
 
 from __future__ import annotations
@@ -22,11 +26,13 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from engine.params import SamplingParams
+from engine.structured.constraint import InvalidConstraint, one_line
 
 _NEG_INF = -math.inf
 _FLOAT32_HIGHEST = torch.finfo(torch.float32).max
@@ -35,15 +41,31 @@ _FLOAT32_LOWEST = torch.finfo(torch.float32).min
 _TOP_P_CANDIDATES = 256
 
 
-class RequestSampler:
-    """Sampling state that lives as long as a request: its generator and the tokens it has seen."""
+class TokenMask(NamedTuple):
+    """The tokens some rows of a step may produce (engine.structured.token_masks)."""
 
-    __slots__ = ("params", "generator", "_seen", "_pending", "_seen_ids", "_num_seen_ids")
+    rows: list[int]
+    """Rows of the logits, in the order of `banned`'s rows."""
+    banned: torch.Tensor
+    """[len(rows), vocab] bool on the logits' device: True for a token the row may not produce."""
+
+
+class RequestSampler:
+    """Sampling state that lives as long as a request: its generator, the tokens it has seen,
+    and, for a constrained request, its grammar's state."""
+
+    __slots__ = ("params", "generator", "matcher", "_seen", "_pending", "_seen_ids", "_num_seen_ids")
 
     def __init__(
-        self, params: SamplingParams, device: torch.device, prompt_ids: Sequence[int]
+        self,
+        params: SamplingParams,
+        device: torch.device,
+        prompt_ids: Sequence[int],
+        matcher: Any = None,
     ) -> None:
         self.params = params
+        # An llguidance LLMatcher at the grammar's start (engine.structured), or None.
+        self.matcher = matcher
         self.generator = torch.Generator(device=device)
         seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little")
         # torch takes seeds in [-2**63, 2**64); reducing mod 2**64 gives any int a stream.
@@ -55,14 +77,29 @@ class RequestSampler:
         self._seen_ids = torch.empty(0, dtype=torch.long, device=device)
         self._num_seen_ids = 0
         for token_id in prompt_ids:
-            self.observe(token_id)
+            self._see(token_id)
 
     @property
     def penalizes_repetition(self) -> bool:
         return self.params.repetition_penalty != 1.0
 
+    @property
+    def grammar_complete(self) -> bool:
+        """Whether the request's grammar has ended: no token but an end token could follow."""
+        return self.matcher is not None and self.matcher.is_stopped()
+
     def observe(self, token_id: int) -> None:
-        """Record a token of the request (prompt or generated) for the repetition penalty."""
+        """Record a generated token: for the repetition penalty, and in the grammar's state.
+
+        Raises InvalidConstraint when the grammar cannot go on (it ran past the grammar
+        library's limits for one step); its mask never lets through a token it refuses."""
+        self._see(token_id)
+        if self.matcher is not None and not self.matcher.consume_token(token_id):
+            raise InvalidConstraint(
+                f"The reply's grammar could not go on: {one_line(self.matcher.get_error())}"
+            )
+
+    def _see(self, token_id: int) -> None:
         if self.penalizes_repetition and token_id not in self._seen:
             self._seen.add(token_id)
             self._pending.append(token_id)
@@ -86,8 +123,11 @@ class RequestSampler:
         return self._seen_ids[: self._num_seen_ids]
 
 
-def sample(logits: torch.Tensor, samplers: Sequence[RequestSampler]) -> list[int]:
-    """Draw one token per row of ``logits`` [B, V] (any float dtype), row i for ``samplers[i]``.
+def sample(
+    logits: torch.Tensor, samplers: Sequence[RequestSampler], mask: TokenMask | None = None
+) -> list[int]:
+    """Draw one token per row of ``logits`` [B, V] (any float dtype), row i for ``samplers[i]``;
+    the rows of ``mask`` only among the tokens it allows.
 
     Token ids seen by a sampler must be below V.
     """
@@ -98,20 +138,53 @@ def sample(logits: torch.Tensor, samplers: Sequence[RequestSampler]) -> list[int
     sampled = [i for i, s in enumerate(samplers) if not s.params.greedy]
     # Even greedy-only batches go through float32: the cast is exact and its argmax is faster.
     writes = bool(sampled) or any(s.penalizes_repetition for s in samplers)
-    logits = logits.to(torch.float32, copy=writes)
+    logits = logits.to(torch.float32, copy=writes or mask is not None)
+    if mask is not None:
+        _apply_mask_(logits, mask)
     _apply_repetition_penalty(logits, samplers)
     if writes:  # a copy: argmax alone (never written) copes with any value
         _make_finite_(logits)
     if not sampled:
-        return logits.argmax(dim=1).tolist()
-    if len(sampled) == len(samplers):
-        return _draw(logits, _warp(logits, [s.params for s in samplers]), samplers).tolist()
-    tokens = logits.argmax(dim=1)
-    rows = torch.tensor(sampled, device=logits.device)
-    sampled_logits = logits[rows]
-    floor = _warp(sampled_logits, [samplers[i].params for i in sampled])
-    tokens[rows] = _draw(sampled_logits, floor, [samplers[i] for i in sampled])
+        tokens = logits.argmax(dim=1)
+    elif len(sampled) == len(samplers):
+        tokens = _draw(logits, _warp(logits, [s.params for s in samplers]), samplers)
+    else:
+        tokens = logits.argmax(dim=1)
+        rows = torch.tensor(sampled, device=logits.device)
+        sampled_logits = logits[rows]
+        floor = _warp(sampled_logits, [samplers[i].params for i in sampled])
+        tokens[rows] = _draw(sampled_logits, floor, [samplers[i] for i in sampled])
+    if mask is not None:
+        _keep_allowed_(tokens, mask)
     return tokens.tolist()
+
+
+def _apply_mask_(logits: torch.Tensor, mask: TokenMask) -> None:
+    """In place: -inf for every token a masked row may not produce (columns past the
+    mask's width too); other rows untouched."""
+    width = min(mask.banned.shape[1], logits.shape[1])
+    # Row by row, in place: a few rows' small ops cost less than gathering the rows and
+    # scattering them back.
+    for banned, row in zip(mask.banned, mask.rows):
+        logits[row, :width].masked_fill_(banned[:width], _NEG_INF)
+        if width < logits.shape[1]:
+            logits[row, width:] = _NEG_INF
+
+
+def _keep_allowed_(tokens: torch.Tensor, mask: TokenMask) -> None:
+    """In place: a masked row whose draw is banned takes its first allowed token.
+
+    Only a row whose every allowed logit is -inf or NaN can draw a banned token (the
+    finite-making above turns its -inf into ties with the banned ones); nothing else can.
+    """
+    rows = torch.tensor(mask.rows, device=tokens.device)
+    drawn = tokens.index_select(0, rows)
+    width = mask.banned.shape[1]
+    refused = mask.banned.gather(1, drawn.clamp(max=width - 1).unsqueeze(1)).squeeze(1) | (drawn >= width)
+    if not bool(refused.any()):
+        return
+    first_allowed = (~mask.banned).to(torch.uint8).argmax(dim=1)
+    tokens.index_copy_(0, rows, torch.where(refused, first_allowed, drawn))
 
 
 def _filtered_logits(logits: torch.Tensor, samplers: Sequence[RequestSampler]) -> torch.Tensor:

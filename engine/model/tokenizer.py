@@ -33,6 +33,8 @@ from jinja2.exceptions import SecurityError, TemplateSyntaxError
 from engine import reasoning
 from engine.errors import PromptError, TokenizerError
 from engine.formats.model_json import ModelJSONError, read_json_object, read_model_file
+from engine.model import families, tool_prompt
+from engine.model.tool_calls import ToolCallFormat, format_for
 from engine.model.template_sandbox import BoundedSandbox, TemplateLimitError, render_bounded, render_limits
 
 # Used when a model ships no chat template. ChatML is what most small instruct
@@ -79,6 +81,7 @@ class Tokenizer:
         add_bos_token: bool | None,
         extra_eos_token_ids: Iterable[int] = (),
         source: str = "this model",
+        family_tool_calls: str = "hermes",
     ) -> None:
         """Wrap a loaded `tokenizers.Tokenizer`; `from_folder` is the usual way in.
 
@@ -88,6 +91,8 @@ class Tokenizer:
             own post-processor, as `tokenizer.json` describes it.
         extra_eos_token_ids: further ids that end generation (from the model config).
         source: names the model in error messages.
+        family_tool_calls: the tool-call format of the model's family
+            (`Family.tool_calls`), for a template whose own markers name none.
         """
         self._backend = backend
         # A tokenizer.json may carry training-time truncation or padding; a prompt must never be cut.
@@ -123,6 +128,8 @@ class Tokenizer:
         # The model's own template (None: the ChatML fallback), for what it says
         # about reasoning (engine.reasoning: think blocks, the thinking switch).
         self.chat_template_source: str | None = chat_template or None
+        # How this model writes tool calls (engine.model.tool_calls).
+        self.tool_call_format: ToolCallFormat = format_for(chat_template, family_tool_calls)
         try:
             self._template = _SANDBOX.from_string(chat_template or CHATML_FALLBACK_TEMPLATE)
         except TemplateSyntaxError as exc:
@@ -190,16 +197,20 @@ class Tokenizer:
             **_special_token_strings(tokenizer_config),
         }
         add_bos_token = tokenizer_config.get("add_bos_token")
+        config = _read_json(folder / "config.json")
+        model_type = families.text_model_config(config).get("model_type")  # Gemma 3 4B+ nests its text model's
+        family = families.for_model_type(model_type) if isinstance(model_type, str) else None
         return cls(
             backend,
             chat_template=_read_chat_template(folder, tokenizer_config),
             special_tokens=special_tokens,
             add_bos_token=add_bos_token if isinstance(add_bos_token, bool) else None,
             extra_eos_token_ids=[
-                *_token_ids(_read_json(folder / "config.json").get("eos_token_id")),
+                *_token_ids(config.get("eos_token_id")),
                 *_token_ids(_read_json(folder / "generation_config.json").get("eos_token_id")),
             ],
             source=str(folder),
+            family_tool_calls=family.tool_calls if family is not None else "hermes",
         )
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
@@ -220,18 +231,29 @@ class Tokenizer:
         """Whether the id is a special token, i.e. one `decode` skips when asked to."""
         return token_id in self._special_ids
 
+    def special_token_id(self, text: str) -> int | None:
+        """The id of the special token written `text` (`[TOOL_CALLS]`), None when it is no special token."""
+        token_id = self._token_id(text)
+        return token_id if token_id is not None and token_id in self._special_ids else None
+
     def render_chat(
         self,
         messages: Sequence[Mapping[str, str]],
         add_generation_prompt: bool = True,
         *,
         template_kwargs: Mapping[str, Any] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> str:
         """The prompt text of a conversation, through the model's chat template.
 
         `template_kwargs`: further variables for the template (Qwen3's
         `enable_thinking`), as transformers' `apply_chat_template(**kwargs)`;
         they cannot replace the ones named here.
+
+        `tools` (OpenAI tool objects), assistant messages with `tool_calls` and
+        `role: "tool"` results reach the template as it can take them
+        (engine.model.tool_prompt: where it knows no tools, Tandem writes them
+        into the system prompt and the turns as text).
 
         Where the template refuses a system role, a leading system message is
         folded into the first user message first (see `fold_system_prompt`).
@@ -241,15 +263,27 @@ class Tokenizer:
         """
         if not messages:
             raise PromptError("A chat prompt needs at least one message.")
+        tools_variable = None
+        if tools or tool_prompt.has_tool_turns(messages):
+            messages, tools_variable = tool_prompt.prepare(messages, tools, self.tool_support, self.tool_call_format)
+        return self._render(messages, add_generation_prompt, template_kwargs, tools_variable)
+
+    def _render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool,
+        template_kwargs: Mapping[str, Any] | None,
+        tools: Sequence[Mapping[str, Any]] | None,
+    ) -> str:
         if self._refuses_system_role:
             messages = fold_system_prompt(messages)
-        input_chars = sum(len(value) for message in messages for value in message.values() if isinstance(value, str))
+        input_chars = _text_chars(messages) + _text_chars(tools)
         variables = {
             **(template_kwargs or {}),
             "messages": [dict(message) for message in messages],
             "add_generation_prompt": add_generation_prompt,
             # transformers always passes these, and templates test them with `is none`.
-            "tools": None,
+            "tools": [dict(tool) for tool in tools] if tools else None,
             "documents": None,
             **self._special_tokens,
         }
@@ -274,6 +308,19 @@ class Tokenizer:
             ) from exc
 
     @functools.cached_property
+    def tool_support(self) -> tool_prompt.ToolTemplateSupport:
+        """What the chat template does with tools, from probe renders (once)."""
+        def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str | None:
+            try:
+                return self._render(messages, True, None, tools)
+            except (PromptError, TokenizerError):
+                return None
+
+        if not self.has_chat_template:
+            return tool_prompt.NO_SUPPORT
+        return tool_prompt.probe_support(render)
+
+    @functools.cached_property
     def drops_reasoning(self) -> bool:
         """Whether the chat template leaves earlier replies' reasoning out of a
         prompt by itself (Qwen3's and the R1 distills' do); tried once on a probe."""
@@ -291,6 +338,7 @@ class Tokenizer:
         *,
         parse_special_in_content: bool = False,
         template_kwargs: Mapping[str, Any] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[int]:
         """Token ids of a rendered conversation, starting with exactly one BOS where the model wants one.
 
@@ -304,7 +352,8 @@ class Tokenizer:
         `parse_special_in_content=True` reads them as control tokens instead
         (the old behaviour, for callers that send pre-formatted turns).
         """
-        segments = self._render_segments(messages, add_generation_prompt, parse_special_in_content, template_kwargs)
+        segments = self._render_segments(
+            messages, add_generation_prompt, parse_special_in_content, template_kwargs, tools)
         ids = self._encode_segments(segments)
         if self._auto_bos_id is not None and ids[:1] != [self._auto_bos_id]:
             ids.insert(0, self._auto_bos_id)
@@ -317,6 +366,7 @@ class Tokenizer:
         *,
         parse_special_in_content: bool = False,
         template_kwargs: Mapping[str, Any] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[int]:
         """Prompt ids for the next turn: `history_ids` (the conversation so far,
         exactly as fed and generated) followed by the ids of what the template
@@ -330,13 +380,13 @@ class Tokenizer:
         fewer cache hits, but the prompt the model would expect. Message text
         stays text, as in `encode_chat`.
         """
-        segments = self._render_segments(messages, True, parse_special_in_content, template_kwargs)
+        segments = self._render_segments(messages, True, parse_special_in_content, template_kwargs, tools)
         rendered = "".join(text for text, _ in segments)
         kept = self.decode(history_ids, skip_special_tokens=False)
         if history_ids and kept and rendered.startswith(kept):
             return list(history_ids) + self._encode_segments(_segments_after(segments, len(kept)))
         return self.encode_chat(
-            messages, parse_special_in_content=parse_special_in_content, template_kwargs=template_kwargs
+            messages, parse_special_in_content=parse_special_in_content, template_kwargs=template_kwargs, tools=tools
         )
 
     def _render_segments(
@@ -345,6 +395,7 @@ class Tokenizer:
         add_generation_prompt: bool,
         parse_special: bool,
         template_kwargs: Mapping[str, Any] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[tuple[str, bool]]:
         """The rendered conversation as (text, is_message_special_text) pieces.
 
@@ -355,7 +406,8 @@ class Tokenizer:
         """
         pattern = self._special_text
         if parse_special or pattern is None:
-            return [(self.render_chat(messages, add_generation_prompt, template_kwargs=template_kwargs), False)]
+            return [(self.render_chat(messages, add_generation_prompt, template_kwargs=template_kwargs, tools=tools),
+                     False)]
         hidden: list[str] = []
         nonce = secrets.token_hex(8)
 
@@ -363,14 +415,23 @@ class Tokenizer:
             hidden.append(match[0])
             return f"\ue000{nonce}:{len(hidden) - 1}\ue001"
 
-        protected = [
-            {key: pattern.sub(hide, value) if key != "role" and isinstance(value, str) else value
-             for key, value in message.items()}
-            for message in messages
-        ]
+        def protect(value: Any) -> Any:
+            # Every string a message or a tool holds (a call's arguments too), roles aside.
+            if isinstance(value, str):
+                return pattern.sub(hide, value)
+            if isinstance(value, Mapping):
+                return {key: item if key == "role" else protect(item) for key, item in value.items()}
+            if isinstance(value, list):
+                return [protect(item) for item in value]
+            return value
+
+        protected = [protect(message) for message in messages]
+        protected_tools = [protect(tool) for tool in tools] if tools else tools
         if not hidden:
-            return [(self.render_chat(messages, add_generation_prompt, template_kwargs=template_kwargs), False)]
-        rendered = self.render_chat(protected, add_generation_prompt, template_kwargs=template_kwargs)
+            return [(self.render_chat(messages, add_generation_prompt, template_kwargs=template_kwargs, tools=tools),
+                     False)]
+        rendered = self.render_chat(protected, add_generation_prompt, template_kwargs=template_kwargs,
+                                    tools=protected_tools)
         parts = re.split(f"\ue000{nonce}:(\\d+)\ue001", rendered)
         if any(nonce in part for part in parts[::2]):
             raise PromptError(
@@ -468,6 +529,20 @@ def fold_system_prompt(messages: Sequence[Mapping[str, Any]]) -> Sequence[Mappin
         return messages
     folded = {**user, "content": f"{system}\n\n{user['content']}"}
     return [*messages[1:first_user], folded, *messages[first_user + 1 :]]
+
+
+def _text_chars(value: Any) -> int:
+    """The characters of every string `value` holds (messages, tools), walked without recursion."""
+    total, pending = 0, [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, Mapping):
+            pending.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            pending.extend(item)
+    return total
 
 
 def _segments_after(segments: Sequence[tuple[str, bool]], start: int) -> list[tuple[str, bool]]:

@@ -21,6 +21,7 @@ from engine.model.kv_cache import KVCache
 from engine.runner.threads import ThreadPolicy
 from engine.model.decoder import DecoderModel
 from engine.model.sampler import sample
+from engine.structured.token_masks import PendingMasks
 from engine.core.scheduler import ScheduledChunk, ScheduleResult
 
 
@@ -53,27 +54,29 @@ class ModelRunner:
         self.group = model.config.num_queries_per_kv
         self._head_offsets = torch.arange(self.num_kv, device=self.device)
 
-    def execute(self, step: ScheduleResult) -> list[int]:
+    def execute(self, step: ScheduleResult, masks: PendingMasks | None = None) -> list[int]:
         """Run one forward; return one sampled token per sampling chunk, in
-        the order of `[c for c in step.chunks if c.samples]`."""
+        the order of `[c for c in step.chunks if c.samples]`. `masks`, computed
+        while the forward runs, restrict the constrained requests' rows."""
         if self.cache.commit_on_use:
             self.cache.commit(highest_page_written(step, self.page_size) + 1)
         if self.threads is None:
-            return self._execute(step)
+            return self._execute(step, masks)
         num_tokens = sum(c.num_tokens for c in step.chunks)
         self.threads.before_step(num_tokens)
         started = time.perf_counter()
-        tokens = self._execute(step)
+        tokens = self._execute(step, masks)
         self.threads.after_step(num_tokens, time.perf_counter() - started)
         return tokens
 
-    def _execute(self, step: ScheduleResult) -> list[int]:
+    def _execute(self, step: ScheduleResult, masks: PendingMasks | None) -> list[int]:
         hidden, sample_rows, samplers = self.forward(step)
         if not sample_rows:
             return []
         rows = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
+        # The logits are computed outside any CUDA graph, so the masks apply to graph replays too.
         logits = self.model.logits(hidden.index_select(0, rows))
-        return sample(logits, samplers)
+        return sample(logits, samplers, masks.result() if masks is not None else None)
 
     def forward(self, step: ScheduleResult) -> tuple[torch.Tensor, list[int], list]:
         """Hidden states of every token of the step, the rows that sample, and

@@ -220,11 +220,11 @@ def failing_runner(engine: Engine, monkeypatch: pytest.MonkeyPatch):
     real_execute = runner.execute
     steps: list[int] = []
 
-    def execute(step: Any) -> list[int]:
+    def execute(step: Any, masks: Any = None) -> list[int]:
         steps.append(len(step.chunks))
         if any(c.seq.params.seed == 666 for c in step.chunks):
             raise RuntimeError("injected failure")
-        return real_execute(step)
+        return real_execute(step, masks)
 
     monkeypatch.setattr(runner, "execute", execute)
     return steps
@@ -264,11 +264,11 @@ def test_a_step_that_fails_only_batched_is_retried_one_by_one(
     real_execute = runner.execute
     failures: list[int] = []
 
-    def execute(step: Any) -> list[int]:
+    def execute(step: Any, masks: Any = None) -> list[int]:
         if len(step.chunks) > 1 and len(failures) < 3:  # e.g. out of memory for the big batch
             failures.append(len(step.chunks))
             raise RuntimeError("transient")
-        return real_execute(step)
+        return real_execute(step, masks)
 
     monkeypatch.setattr(runner, "execute", execute)
     outputs = engine.generate_outputs(prompts, GREEDY)

@@ -419,7 +419,7 @@ _MISSING = object()
         ({"seed": 1.5}, 400, "seed", "invalid_type"),
         ({"stop": 7}, 400, "stop", "invalid_type"),
         ({"stream_options": {"include_usage": True}}, 400, "stream_options", "invalid_value"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools", "unsupported_parameter"),
+        ({"tools": [{"type": "retrieval"}]}, 400, "tools[0].type", "invalid_value"),
         ({"model": "gpt-4o"}, 404, "model", "model_not_found"),
         ({"max_tokens": 100_000_000}, 400, "messages", "context_length_exceeded"),
         # Hostile bodies that once reached the server's 500 handler.

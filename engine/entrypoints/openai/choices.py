@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import threading
 import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -28,6 +29,7 @@ from engine.entrypoints.openai import protocol as proto
 from engine.entrypoints.openai.protocol import APIError, SamplingFields
 from engine.errors import EngineClosedError, EngineError, PromptError
 from engine.params import InvalidSamplingParams, SamplingParams
+from engine.structured import Constraint, InvalidConstraint
 
 if TYPE_CHECKING:
     from engine.core.sequence import RequestOutput, StreamEvent
@@ -135,8 +137,12 @@ class Choices:
 # -- before the engine: prompts, limits, parameters ---------------------------------
 
 
-async def encode_prompt(engine: Engine, prompt: Any, param: str, *, parse_special_in_content: bool = False) -> list[int]:
-    """Token ids of one prompt (messages, text or ids); a 400 naming `param` when it cannot run.
+async def encode_prompt(
+    engine: Engine, prompt: Any, param: str, *, parse_special_in_content: bool = False,
+    tools: Sequence[Mapping[str, Any]] = (),
+) -> list[int]:
+    """Token ids of one prompt (messages, text or ids; chat messages with the
+    `tools` the model is offered); a 400 naming `param` when it cannot run.
 
     A prompt longer than the context could ever hold is refused before it is
     tokenized: a 20 MB prompt would otherwise cost seconds of CPU and
@@ -148,29 +154,35 @@ async def encode_prompt(engine: Engine, prompt: Any, param: str, *, parse_specia
                        param=param, code="context_length_exceeded")
     # Chat templates and tokenizers are CPU work: keep them off the event loop.
     try:
-        return await asyncio.to_thread(_encode_bounded, engine, prompt, param, parse_special_in_content)
+        return await asyncio.to_thread(_encode_bounded, engine, prompt, param, parse_special_in_content, tools)
     except PromptError as exc:
         raise APIError(400, str(exc), param=param, code="invalid_prompt") from None
     except EngineError as exc:  # a broken chat template (TokenizerError)
         raise APIError(500, str(exc), type="server_error", code="template_error") from None
 
 
-def _encode_bounded(engine: Engine, prompt: Any, param: str, parse_special_in_content: bool) -> list[int]:
-    chars = prompt_chars(prompt)
+def _encode_bounded(
+    engine: Engine, prompt: Any, param: str, parse_special_in_content: bool, tools: Sequence[Mapping[str, Any]]
+) -> list[int]:
+    chars = prompt_chars(prompt) + sum(len(json.dumps(tool)) for tool in tools)
     limit = engine.max_context * max_chars_per_token(engine.tokenizer)
     if chars > limit:
         raise APIError(400, f"The prompt is {chars:,} characters long; the model's context of "
                        f"{engine.max_context} tokens holds at most about {limit:,} characters of it. "
                        "Shorten it.", param=param, code="context_length_exceeded")
+    if tools:
+        return engine.tokenizer.encode_chat(prompt, parse_special_in_content=parse_special_in_content, tools=tools)
     return engine.encode_prompt(prompt, parse_special_in_content=parse_special_in_content)
 
 
 def prompt_chars(prompt: Any) -> int:
-    """The characters of text in a prompt (a string, or chat messages' contents); 0 for token ids."""
+    """The characters of text in a prompt (a string, or chat messages' contents and
+    tool calls); 0 for token ids."""
     if isinstance(prompt, str):
         return len(prompt)
     if isinstance(prompt, list):
-        return sum(len(m.get("content") or "") for m in prompt if isinstance(m, Mapping))
+        return sum(len(m.get("content") or "") + (len(json.dumps(m["tool_calls"])) if m.get("tool_calls") else 0)
+                   for m in prompt if isinstance(m, Mapping))
     return 0
 
 
@@ -229,6 +241,7 @@ def params_per_choice(fields: SamplingFields, max_tokens: Sequence[int], n: int)
                     seed=None if fields.seed is None else fields.seed + i,
                     stop=fields.stop,
                     ignore_eos=fields.ignore_eos,
+                    constraint=fields.constraint,
                 ))
             except InvalidSamplingParams as exc:  # the parser checks ranges first; a safety net
                 raise APIError(400, str(exc), code="invalid_value") from None
@@ -243,6 +256,7 @@ def start_choices(
     *,
     param: str,
     model: str,
+    constraint_param: str | None = None,
 ) -> Choices:
     """Submit `fields.n` choices for each prompt (`limits[i]` tokens at most
     for prompt i). A prompt that cannot run is a 400 naming `param`, and
@@ -253,9 +267,20 @@ def start_choices(
         choices.start()
     except PromptError as exc:  # RequestTooLargeError included: prompt + max_tokens too long
         raise APIError(400, str(exc), param=param, code="context_length_exceeded") from None
+    except InvalidConstraint as exc:  # checked before (check_constraint); a safety net
+        raise APIError(400, str(exc), param=constraint_param, code="invalid_schema") from None
     except EngineClosedError as exc:
         raise proto.engine_failure(exc, model) from None
     return choices
+
+
+async def check_constraint(engine: Engine, constraint: Constraint, param: str) -> None:
+    """A 400 naming `param` for a constraint the engine cannot run (an unsupported
+    schema feature, a compile limit), compiled off the event loop."""
+    try:
+        await asyncio.to_thread(engine.check_constraint, constraint)
+    except InvalidConstraint as exc:
+        raise APIError(400, str(exc), param=param, code="invalid_schema") from None
 
 
 # -- waiting for the answer -----------------------------------------------------------

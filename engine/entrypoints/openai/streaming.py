@@ -59,7 +59,8 @@ async def _events(choices: Choices, chunks: proto.StreamChunks, model: str) -> A
         if event.output is not None and event.output.error is not None:
             yield sse(proto.engine_failure(event.output.error, model).body())
             return
-        chunk = chunks.text(index, event.text) if event.text else None
+        # The step's token ids too: a tool-call marker may be a special token its text leaves out.
+        chunk = chunks.text(index, event.text, event.token_ids)
         if chunk is not None:
             yield sse(chunk)
         if event.output is not None:
