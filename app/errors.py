@@ -108,3 +108,10 @@ class SweepError(AppError):
 
 class CarryError(AppError):
     """The reply cannot be used in the other panes (it is not a finished last reply)."""
+
+
+class DocumentsTooLargeError(AppError):
+    """The attached documents fit none of the target panes' contexts."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"{reason} Choose to send only the first part that fits, or attach less.")

@@ -90,3 +90,12 @@ class ExposedWithoutKeyError(EngineError, ValueError):
             f"Listening on {address} would let every computer on the network use the model "
             f"without a key; {how}."
         )
+
+
+class DocumentError(EngineError):
+    """A file given as a document cannot be read as text (not a regular file, too large,
+    a format Tandem does not read, damaged, encrypted, or a bomb); its str() is one line."""
+
+
+class DocumentCancelled(DocumentError):
+    """Reading a document was cancelled by the caller."""

@@ -27,7 +27,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -74,6 +74,8 @@ if TYPE_CHECKING:
 
     # Imported lazily at run time: app.workspace.conversation pulls in engine.model.sampler
     # and with it torch, which `tandem chats list` has no need of.
+    from engine.documents import Document
+
     from app.workspace.conversation import Conversation, Message
 
 log = logging.getLogger(__name__)
@@ -190,7 +192,7 @@ class ChatStore:
                 raise store_error(exc, self.path) from exc
             raise
 
-    def _query(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
+    def _query(self, sql: str, args: Sequence[Any] | Mapping[str, Any] = ()) -> list[Any]:
         try:
             return self._conn.execute(sql, args).fetchall()
         except sqlite3.Error as exc:
@@ -230,6 +232,17 @@ class ChatStore:
             (conversation_id, record.position, record.role, record.text, record.token_ids, record.state,
              record.model_id, record.params, record.stats, record.error, record.created_at, record.turn_mark,
              record.versions, record.system_prompt),
+        )
+        # A message's documents are written with it, in full: at most a few per message, sent once.
+        conn.execute(
+            "DELETE FROM attachments WHERE conversation_id = ? AND message_position = ?",
+            (conversation_id, record.position),
+        )
+        conn.executemany(
+            """INSERT INTO attachments (conversation_id, message_position, position, name, kind, size, sha256,
+                                        pages, complete, text) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+            [(conversation_id, record.position, i, d.name, d.kind, d.size, d.sha256, d.pages, int(d.complete), d.text)
+             for i, d in enumerate(record.attachments)],
         )
 
     def _touch(self, conn: sqlite3.Connection, conversation_id: str, now: float) -> None:
@@ -466,6 +479,7 @@ class ChatStore:
                FROM messages WHERE conversation_id = ? ORDER BY position""",
             (conversation_id,),
         )
+        attached = self._attachments(conversation_id)
         messages: list[Message] = []
         marks: list[int | None] = []
         for (position, role, text, ids, state, msg_model, msg_params, stats, error, msg_created, mark, versions,
@@ -486,6 +500,7 @@ class ChatStore:
                     params=stored_params(msg_params),
                     versions=stored_versions(versions) if role == "assistant" else None,
                     system_prompt=stored_system_prompt(role, msg_system_prompt),
+                    attachments=tuple(attached.get(position, ())),
                 )
             )
             marks.append(mark)
@@ -505,42 +520,65 @@ class ChatStore:
             turn_marks=marks,
         )
 
+    def _attachments(self, conversation_id: str) -> dict[int, list[Document]]:
+        """The conversation's documents by message position, each message's in the order attached."""
+        from engine.documents import Document
+
+        attached: dict[int, list[Document]] = {}
+        for position, name, kind, size, sha256, pages, complete, text in self._query(
+            """SELECT message_position, name, kind, size, sha256, pages, complete, text FROM attachments
+               WHERE conversation_id = ? ORDER BY message_position, position""",
+            (conversation_id,),
+        ):
+            attached.setdefault(position, []).append(
+                Document(name=name, text=text, kind=kind, size=size, sha256=sha256, pages=pages, complete=bool(complete))
+            )
+        return attached
+
     def list_conversations(
         self, search: str | None = None, *, deleted: bool = False, problems: list[str] | None = None
     ) -> list[ConversationSummary]:
         """Saved conversations, most recently updated first (LAST_UPDATE_SQL:
         its newest message's time; each summary's `updated_at`).
 
-        `search` keeps those whose title or any message contains it (ignoring
-        case; every character literal). `deleted=True` lists the deleted ones instead.
+        `search` keeps those whose title, any message or any attached
+        document's name or text contains it (ignoring case; every character
+        literal); a match only in a document names it (`found_in_attachment`). `deleted=True` lists the deleted ones instead.
         A conversation whose times are no date (an older version imported
         1e12) is still listed, so it can be opened, exported or deleted; its
         readers show an unknown date (app.store.records.local_time_text), and
         a warning for it goes to `problems` when given, else to the log.
         """
         where = "c.deleted_at IS NOT NULL" if deleted else "c.deleted_at IS NULL"
-        args: list[Any] = []
         needle = (search or "").strip().casefold()
+        document = "NULL"
         if needle:
-            where += """ AND (tandem_contains(c.title, ?) OR EXISTS (
-                SELECT 1 FROM messages AS m WHERE m.conversation_id = c.id AND tandem_contains(m.text, ?)))"""
-            args += [needle, needle]
+            text_hit = """(tandem_contains(c.title, :needle) OR EXISTS (SELECT 1 FROM messages AS m
+                           WHERE m.conversation_id = c.id AND tandem_contains(m.text, :needle)))"""
+            document_hit = """(SELECT a.name FROM attachments AS a WHERE a.conversation_id = c.id
+                               AND (tandem_contains(a.name, :needle) OR tandem_contains(a.text, :needle))
+                               ORDER BY a.message_position, a.position LIMIT 1)"""
+            where += f" AND ({text_hit} OR {document_hit} IS NOT NULL)"
+            # A match only in an attached document: the row names the document.
+            document = f"CASE WHEN {text_hit} THEN NULL ELSE {document_hit} END"
         rows = self._query(
             f"""SELECT c.id, c.title, c.created_at, {LAST_UPDATE_SQL} AS last_update, c.model_id,
                        (SELECT count(*) FROM messages AS m WHERE m.conversation_id = c.id),
                        (SELECT substr(m.text, 1, {PREVIEW_CHARS * 2}) FROM messages AS m
                         WHERE m.conversation_id = c.id AND m.role IN ('user', 'assistant') AND m.text != ''
-                        ORDER BY m.position DESC LIMIT 1)
+                        ORDER BY m.position DESC LIMIT 1),
+                       {document}
                 FROM conversations AS c WHERE {where}
                 ORDER BY last_update DESC, c.id""",
-            args,
+            {"needle": needle},
         )
         summaries = []
-        for id_, title, created, updated, model, count, preview in rows:
+        for id_, title, created, updated, model, count, preview, document in rows:
             self._report_times(id_, (created, updated), problems)
             summaries.append(ConversationSummary(
                 id=id_, title=title, created_at=created, updated_at=updated, message_count=count,
-                model_id=model, preview=_collapse(preview or ""),
+                model_id=model, preview=f"Found in the attached {document}" if document else _collapse(preview or ""),
+                found_in_attachment=document,
             ))
         return summaries
 

@@ -13,6 +13,8 @@ not its own).
                       "context_policy", "params": {...},
                       "messages": [{"role", "text", "state", "created_at",
                                     "model_id", "params", "stats", "error", "system_prompt",
+                                    "attachments" (a message with documents: [{"name", "kind",
+                                     "size", "sha256", "pages", "complete", "text"}]),
                                     "versions" (a reply made again: {"shown", "count",
                                      "others": [{"version", "user_text", "messages"}]})}]}}
 
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -47,6 +50,8 @@ from typing import TYPE_CHECKING, Any
 
 from app.store.records import (
     UNKNOWN_TIME_TEXT,
+    attachment_to_dict,
+    attachments_from_list,
     is_showable_time,
     params_from_dict,
     params_to_dict,
@@ -55,9 +60,10 @@ from app.store.records import (
 )
 from app.errors import AppError
 from app.files import BadJSONError, UnreadableFileError, check_unicode, parse_json, read_regular_file
-from engine.formats.default_model import DEFAULT_MODEL_NAME
+from engine.model_files import DEFAULT_MODEL_NAME
 
 if TYPE_CHECKING:
+    from engine.documents import Document
     from engine.params import SamplingParams
 
     from app.workspace.conversation import Conversation, Message, ReplyVersions
@@ -188,6 +194,8 @@ def _message_json(message: Message) -> dict[str, Any]:
         "error": message.error,
         "system_prompt": message.system_prompt,
     }
+    if message.attachments:
+        data["attachments"] = [attachment_to_dict(d) for d in message.attachments]
     if message.versions is not None:
         data["versions"] = _versions_json(message.versions)
     return data
@@ -283,6 +291,10 @@ def _message_from_json(raw: object, where: str) -> Message:
             f"{where.capitalize()}: \"state\" must be one of {', '.join(_STATES)}, not {state!r}."
         )
     versions = item.get("versions")
+    try:
+        attachments = attachments_from_list(item.get("attachments"))
+    except ValueError as exc:
+        raise ChatImportError(f"{where.capitalize()}: {exc}.") from None
     return Message(
         role=role,  # type: ignore[arg-type]
         text=_string(item, "text", where),
@@ -295,6 +307,7 @@ def _message_from_json(raw: object, where: str) -> Message:
         system_prompt=_optional_string(item, "system_prompt", where) if role == "assistant" else None,
         # One version is no choice to offer: the reply shows alone.
         versions=_versions_from_json(versions, where) if versions is not None and role == "assistant" else None,
+        attachments=attachments if role == "user" else (),
     )
 
 
@@ -493,13 +506,25 @@ def _message_markdown(
         version = f"version {message.versions.current + 1} of {message.versions.count}, shown"
     if version:
         name += f" — {version}"
-    parts = [f"{heading} {name}", "", reply_markdown(message)]
+    parts = [f"{heading} {name}", "", reply_markdown(message), *map(_attachment_markdown, message.attachments)]
     # Each reply's own sampling: the conversation's may have changed since it was written.
     sampling = f"Sampling: {_params_line(message.params)}" if message.params is not None else ""
     footer = [x for x in (stats_line(message), _state_note(message), sampling, system_note) if x]
     if footer:
         parts += ["", *(f"*{x}*" for x in footer)]
     return "\n".join(parts)
+
+
+def _attachment_markdown(document: Document) -> str:
+    """An attached document: its name and figures, its text in a collapsed block, fenced as it is."""
+    figures = [f"{document.pages} page{'s' if document.pages != 1 else ''}"] if document.pages is not None else []
+    figures.append(f"{document.size:,} bytes")
+    if not document.complete:
+        figures.append("first part only")
+    fence = "`" * max([3, *(len(run) + 1 for run in re.findall(r"`+", document.text))])
+    text = document.text.replace("</details>", "&lt;/details&gt;")  # cannot close the block early
+    return (f"\n<details>\n<summary>Attached: {document.name} ({', '.join(figures)})</summary>\n\n"
+            f"{fence}text\n{text}\n{fence}\n\n</details>")
 
 
 def reply_markdown(message: Message) -> str:

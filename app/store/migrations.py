@@ -226,6 +226,31 @@ def migrate_v5_to_v6(conn: sqlite3.Connection, secrets: Secrets | None = None) -
     conn.execute("ALTER TABLE messages ADD COLUMN system_prompt TEXT")
 
 
+# -- v6 -> v7 ---------------------------------------------------------------------
+
+_V7_ATTACHMENTS = """
+CREATE TABLE attachments (
+    conversation_id TEXT NOT NULL,
+    message_position INTEGER NOT NULL,
+    position INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    sha256 TEXT NOT NULL,
+    pages INTEGER,
+    complete INTEGER NOT NULL,
+    text TEXT NOT NULL,
+    PRIMARY KEY (conversation_id, message_position, position),
+    FOREIGN KEY (conversation_id, message_position) REFERENCES messages (conversation_id, position)
+        ON DELETE CASCADE
+)"""
+
+
+def migrate_v6_to_v7(conn: sqlite3.Connection, secrets: Secrets | None = None) -> None:
+    """Documents attached to messages: a new, empty attachments table (no v6 message had one)."""
+    conn.execute(_V7_ATTACHMENTS)
+
+
 # -- the steps, in order -------------------------------------------------------------
 
 # A step takes the store's connection and the secrets a step may move data to.
@@ -238,6 +263,7 @@ STEPS: dict[int, Step] = {
     3: migrate_v3_to_v4,
     4: migrate_v4_to_v5,
     5: migrate_v5_to_v6,
+    6: migrate_v6_to_v7,
 }
 
 # Every version from the first to the current one has its step: a gap would

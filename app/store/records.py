@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from engine.documents import Document
     from engine.params import SamplingParams
 
     from app.workspace.conversation import Conversation, Message, ReplyStats, ReplyVersions
@@ -63,6 +64,8 @@ class ConversationSummary:
     message_count: int
     model_id: str
     preview: str  # the start of its last user or assistant message, whitespace collapsed
+    # A search's match only in an attached document: that document's name (the preview says so).
+    found_in_attachment: str | None = None
 
 
 # The times a conversation or message may hold (Unix seconds): from 1970 to the
@@ -137,6 +140,7 @@ class MessageRecord:
     turn_mark: int | None
     versions: str | None = None  # JSON (versions_to_dict); None: the reply has one version
     system_prompt: str | None = None  # a reply's; None: not a reply, or not known (stored before schema v6)
+    attachments: tuple[Document, ...] = ()  # a user message's documents (frozen records, safe to hand over)
 
 
 def header_record(conversation: Conversation) -> HeaderRecord:
@@ -167,6 +171,7 @@ def message_record(message: Message, position: int, turn_mark: int | None = None
         turn_mark=turn_mark,
         versions=None if message.versions is None else json.dumps(versions_to_dict(message.versions)),
         system_prompt=message.system_prompt,
+        attachments=message.attachments,
     )
 
 
@@ -203,6 +208,11 @@ def unpack_ids(blob: bytes | None) -> list[int]:
 def params_to_dict(params: SamplingParams) -> dict[str, Any]:
     fields = {f.name: getattr(params, f.name) for f in dataclasses.fields(params)}
     fields["stop"] = list(params.stop)
+    # A reply's grammar (engine.structured) as {"kind", "spec"}; left out when there is none,
+    # so parameters stored before it existed and those without one read alike.
+    constraint = fields.pop("constraint", None)
+    if constraint is not None:
+        fields["constraint"] = {"kind": constraint.kind, "spec": constraint.spec}
     return fields
 
 
@@ -218,6 +228,11 @@ def params_from_dict(data: dict[str, Any]) -> SamplingParams:
     kwargs = {k: v for k, v in data.items() if k in known}
     if "stop" in kwargs and isinstance(kwargs["stop"], list):
         kwargs["stop"] = tuple(kwargs["stop"])
+    if isinstance(kwargs.get("constraint"), dict):
+        from engine.structured import Constraint
+
+        # InvalidConstraint (a ValueError) for a kind or spec it refuses; TypeError for other keys.
+        kwargs["constraint"] = Constraint(**kwargs["constraint"])
     return SamplingParams(**kwargs)
 
 
@@ -264,6 +279,45 @@ def stored_stats(text: str | None) -> ReplyStats | None:
         return None
 
 
+# -- attached documents ----------------------------------------------------------------
+
+ATTACHMENT_FIELDS = ("name", "kind", "size", "sha256", "pages", "complete", "text")
+
+
+def attachment_to_dict(document: Document) -> dict[str, Any]:
+    """A document as the versions JSON and the JSON export hold it: every field, the text included."""
+    return {name: getattr(document, name) for name in ATTACHMENT_FIELDS}
+
+
+def attachment_from_dict(data: object) -> Document:
+    """A document from `attachment_to_dict`'s shape; ValueError (saying which field) for any other."""
+    from engine.documents import Document
+
+    if not isinstance(data, dict):
+        raise ValueError("an attachment must be an object")
+    for name in ("name", "kind", "sha256", "text"):
+        if not isinstance(data.get(name), str):
+            raise ValueError(f"an attachment's {name!r} must be text")
+    size, pages, complete = data.get("size"), data.get("pages"), data.get("complete", True)
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise ValueError("an attachment's 'size' must be a whole number of bytes")
+    if pages is not None and (not isinstance(pages, int) or isinstance(pages, bool) or pages < 0):
+        raise ValueError("an attachment's 'pages' must be a whole number or null")
+    if not isinstance(complete, bool):
+        raise ValueError("an attachment's 'complete' must be true or false")
+    return Document(name=data["name"], text=data["text"], kind=data["kind"], size=size, sha256=data["sha256"],
+                    pages=pages, complete=complete)
+
+
+def attachments_from_list(value: object) -> tuple[Document, ...]:
+    """Documents from a list of `attachment_to_dict` objects (none when absent); ValueError for a wrong shape."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ValueError("'attachments' must be a list")
+    return tuple(attachment_from_dict(item) for item in value)
+
+
 # -- reply versions -------------------------------------------------------------------
 
 
@@ -281,6 +335,7 @@ def message_to_dict(message: Message) -> dict[str, Any]:
         "created_at": message.created_at,
         "versions": None if message.versions is None else versions_to_dict(message.versions),
         "system_prompt": message.system_prompt,
+        "attachments": [attachment_to_dict(d) for d in message.attachments],
     }
 
 
@@ -323,6 +378,7 @@ def message_from_dict(data: dict[str, Any]) -> Message:
         params=params_from_dict(data["params"]) if isinstance(data.get("params"), dict) else None,
         versions=versions_from_dict(data["versions"]) if isinstance(data.get("versions"), dict) else None,
         system_prompt=stored_system_prompt(data.get("role"), data.get("system_prompt")),
+        attachments=attachments_from_list(data.get("attachments")),
     )
 
 

@@ -35,13 +35,19 @@ v6  messages gain system_prompt: the system prompt a reply was written
     under ('' for none), so a prompt set midway is known to apply to the
     replies after it only; NULL for a user message or a notice, and for a
     reply stored before v6 (which prompt it saw is not known).
+v7  attachments: the documents sent with a user message (engine.documents
+    Document), one row each in the order they were attached: the file's
+    name, kind, size and SHA-256, its pages, whether the text is whole
+    (`complete` 0: only its first part was kept or sent) and the extracted
+    text, never the file's bytes. Keyed by the message's (conversation_id,
+    position); deleting or cutting back the messages deletes them.
 """
 
 from __future__ import annotations
 
 import sqlite3
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 CREATE_CONVERSATIONS = """
 CREATE TABLE conversations (
@@ -98,6 +104,23 @@ CREATE TABLE arena_votes (
     sides TEXT NOT NULL
 )"""
 
+CREATE_ATTACHMENTS = """
+CREATE TABLE attachments (
+    conversation_id TEXT NOT NULL,
+    message_position INTEGER NOT NULL,
+    position INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    sha256 TEXT NOT NULL,
+    pages INTEGER,
+    complete INTEGER NOT NULL,
+    text TEXT NOT NULL,
+    PRIMARY KEY (conversation_id, message_position, position),
+    FOREIGN KEY (conversation_id, message_position) REFERENCES messages (conversation_id, position)
+        ON DELETE CASCADE
+)"""
+
 CREATE_META = "CREATE TABLE meta (key TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL)"
 
 CREATE_INDEXES = ("CREATE INDEX conversations_by_update ON conversations (updated_at DESC)",)
@@ -106,6 +129,7 @@ CREATE_INDEXES = ("CREATE INDEX conversations_by_update ON conversations (update
 def create_schema(conn: sqlite3.Connection) -> None:
     """Create the current schema's tables in an empty database (inside the caller's transaction)."""
     for statement in (
-        CREATE_CONVERSATIONS, CREATE_MESSAGES, CREATE_LAYOUT, CREATE_ARENA_VOTES, CREATE_META, *CREATE_INDEXES
+        CREATE_CONVERSATIONS, CREATE_MESSAGES, CREATE_ATTACHMENTS, CREATE_LAYOUT, CREATE_ARENA_VOTES, CREATE_META,
+        *CREATE_INDEXES,
     ):
         conn.execute(statement)

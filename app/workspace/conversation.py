@@ -22,14 +22,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from engine import reasoning
+from engine.documents import Document, user_message_with_documents
 from engine.params import SamplingParams
 
 from app.errors import MessageIndexError
 from app.workspace.titles import fork_title, labelled_title, without_label
 
 if TYPE_CHECKING:
-    from engine.core.sequence import RequestOutput, StreamEvent
-    from engine.model.tokenizer import Tokenizer
+    from engine import RequestOutput, StreamEvent
+    from engine import Tokenizer
 
 # "notice": a note for the user in the conversation (older turns dropped to
 # fit the context, say); never sent to the model.
@@ -116,6 +117,9 @@ class Message:
     # reply that thinks before answering. Not stored: None once restored.
     reasoning_tokens: int | None = field(default=None, compare=False)
     reasoning_s: float | None = field(default=None, compare=False)
+    # user: the documents sent with it; the model reads them before the text
+    # (app.workspace.attachments), the window shows them as chips.
+    attachments: tuple[Document, ...] = ()
 
     @property
     def to_model(self) -> bool:
@@ -349,7 +353,8 @@ class Conversation:
             chat.append({"role": "system", "content": self.system_prompt})
         for message in self.messages[start:upto]:
             if message.to_model:
-                chat.append({"role": message.role, "content": message.text if raw_replies else message.answer})
+                content = user_message_with_documents(message.text if raw_replies else message.answer, message.attachments)
+                chat.append({"role": message.role, "content": content})
         if user_text is not None:
             chat.append({"role": "user", "content": user_text})
         return chat
@@ -437,9 +442,9 @@ class Conversation:
 
     # -- recording a turn ----------------------------------------------------
 
-    def append_user(self, text: str) -> int:
+    def append_user(self, text: str, attachments: Sequence[Document] = ()) -> int:
         self._require_idle()
-        self.messages.append(Message("user", text))
+        self.messages.append(Message("user", text, attachments=tuple(attachments)))
         self._kept_after.append(None)
         return len(self.messages) - 1
 

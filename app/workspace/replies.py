@@ -24,9 +24,9 @@ from app.remote.remote_pane import RemoteReply
 from app.workspace.conversation import MessageState, ReplyStats
 
 if TYPE_CHECKING:
-    from engine.core.batch import AsyncBatch
-    from engine.core.sequence import RequestOutput
-    from engine.llm import Engine
+    from engine import AsyncBatch
+    from engine import RequestOutput
+    from engine import Engine
 
     from app.workspace.context_policy import PromptPlan
     from app.workspace.pane import Pane
@@ -57,15 +57,19 @@ class Turn:
     """What `send` / `regenerate` / `edit_and_resend` started: one reply per
     pane, the local ones in one engine batch per model, each remote one on its own.
 
-    `skipped` are the targets a broadcast left out because they were still replying."""
+    `skipped` are the targets a broadcast left out because they were still
+    replying; `refused` those its documents did not fit, each with the line
+    that says so (app.workspace.attachments)."""
 
     def __init__(
-        self, panes: list[Pane], local: list[ReplyBatch], remote: list[RemoteReply], skipped: Sequence[Pane] = ()
+        self, panes: list[Pane], local: list[ReplyBatch], remote: list[RemoteReply], skipped: Sequence[Pane] = (),
+        refused: Sequence[tuple[Pane, str]] = (),
     ) -> None:
         self._panes = panes
         self._local = local
         self._remote = remote
         self.skipped: list[Pane] = list(skipped)
+        self.refused: list[tuple[Pane, str]] = list(refused)
 
     @property
     def pane_ids(self) -> list[int]:
@@ -130,7 +134,8 @@ class Replies:
         self._running: set[ReplyBatch | RemoteReply] = set()
 
     def begin(
-        self, panes: list[Pane], runs: list[ReplyBatch], plans: Mapping[int, PromptPlan], skipped: Sequence[Pane] = ()
+        self, panes: list[Pane], runs: list[ReplyBatch], plans: Mapping[int, PromptPlan], skipped: Sequence[Pane] = (),
+        refused: Sequence[tuple[Pane, str]] = (),
     ) -> Turn:
         """Start the replies: the local panes' (their batches, already queued) and the remote panes'."""
         for run in runs:
@@ -144,7 +149,7 @@ class Replies:
             self._running.add(run)
             run.task = asyncio.get_running_loop().create_task(self._pump(run), name="tandem-replies")
         remote = [self._begin_remote(pane) for pane in panes if pane.remote is not None]
-        return Turn(panes, runs, remote, skipped)
+        return Turn(panes, runs, remote, skipped, refused)
 
     def abort(self, pane: Pane) -> None:
         """Stop the pane's reply, if one is streaming (it ends "stopped", keeping its text)."""

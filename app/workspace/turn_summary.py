@@ -1,5 +1,7 @@
 """The summary of a compared turn: each pane's reply to the last broadcast
-message, its length, speed and time to first token from its stats, and how
+message, its length, speed, time to first token and prompt tokens (and how
+many of them the prefix cache served: a document sent to several panes is
+computed once) from its stats, and how
 many of its words it shares with each other reply (app.workspace.compare's
 word diff), as a table to read, copy (Markdown) or export (CSV).
 
@@ -50,6 +52,8 @@ class ReplyFigures:
     # Fraction of this reply's words that match the other reply, per other pane id (in the turn's order).
     shared: dict[int, float]
     reasoning_tokens: int | None = None  # of `tokens`, those the reply reasoned with
+    prompt_tokens: int | None = None  # None when the server did not say
+    cached_prompt_tokens: int | None = None  # of `prompt_tokens`, those the prefix cache served
 
     @property
     def answer_tokens(self) -> int | None:
@@ -109,6 +113,8 @@ def figures_of(replies: Sequence[TurnReply]) -> list[ReplyFigures]:
             ttft_s=stats.ttft_s if stats is not None else None,
             shared={pid: shared[reply.pane_id][pid] for pid in (r.pane_id for r in replies) if pid != reply.pane_id},
             reasoning_tokens=reply.reasoning_tokens,
+            prompt_tokens=stats.prompt_tokens if stats is not None and stats.prompt_tokens else None,
+            cached_prompt_tokens=stats.cached_prompt_tokens if stats is not None and stats.prompt_tokens else None,
         ))
     return out
 
@@ -129,7 +135,8 @@ def _reasoned(figures: Sequence[ReplyFigures]) -> bool:
 
 def header(figures: Sequence[ReplyFigures]) -> list[str]:
     tokens = ["Reasoning tokens", "Answer tokens"] if _reasoned(figures) else ["Tokens"]
-    return ["Pane", "Model", "Words", *tokens, "Tok/s", "TTFT (s)", *(f"Shared with {f.title}" for f in figures)]
+    return ["Pane", "Model", "Words", *tokens, "Tok/s", "TTFT (s)", "Prompt tokens", "From cache",
+            *(f"Shared with {f.title}" for f in figures)]
 
 
 def rows(figures: Sequence[ReplyFigures]) -> list[list[str]]:
@@ -148,6 +155,8 @@ def rows(figures: Sequence[ReplyFigures]) -> list[list[str]]:
             *tokens,
             "" if f.tokens_per_s is None else f"{f.tokens_per_s:.1f}",
             "" if f.ttft_s is None else f"{f.ttft_s:.2f}",
+            _count(f.prompt_tokens),
+            _count(f.cached_prompt_tokens),
         ]
         cells += ["—" if other.pane_id == f.pane_id else f"{f.shared[other.pane_id]:.0%}" for other in figures]
         out.append(cells)

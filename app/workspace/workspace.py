@@ -21,13 +21,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from engine import reasoning
+from engine.documents import user_message_with_documents
 from engine.params import SamplingParams
 
 from app.errors import (
+    DocumentsTooLargeError,
     EmptyMessageError,
     EngineNotReadyError,
     LastPaneError,
@@ -52,6 +54,7 @@ from app.events import (
 from app.remote.openai_client import RemoteError
 from app.remote.remote_pane import RemoteBackend, RemoteReply
 from app.settings import Settings
+from app.workspace.attachments import plan_send
 from app.workspace.carry_forward import CarryResult, carried_reply, prompt_for_carried_ids, why_not_carried
 from app.workspace.context_policy import PromptPlan, drop_notice, plan_prompt
 from app.workspace.conversation import CONTEXT_POLICIES, Conversation
@@ -61,7 +64,7 @@ from app.workspace.pane_defaults import new_pane_params
 from app.workspace.replies import Replies, ReplyBatch, Turn, start_batches
 
 if TYPE_CHECKING:
-    from engine.llm import Engine, EngineStats
+    from engine import Engine, EngineStats
     from engine.progress import LoadProgress
 
 log = logging.getLogger(__name__)
@@ -414,34 +417,36 @@ class Workspace:
 
     # -- turns -------------------------------------------------------------
 
-    async def send(self, text: str, targets: Sequence[int] | None = None, *, skip_busy: bool = False) -> Turn:
-        """Send `text` to the target panes (every pane when None): the local
-        panes as one batched engine call per model, each remote pane as its own request.
-
-        Returns as soon as the requests are queued; the replies stream in as
-        events (await `turn.wait()` for the end). Nothing is sent to any pane
-        when a target is busy (PaneBusyError), the engine is not ready for a
-        local target (EngineNotReadyError) or a prompt cannot run
-        (ContextFullError, or the engine's PromptError). With `skip_busy`, a
-        target still replying is left out instead and named in
-        `turn.skipped`, so one busy pane does not hold back a broadcast; only
-        when every target is busy is it PaneBusyError.
+    async def send(
+        self, text: str, targets: Sequence[int] | None = None, *, skip_busy: bool = False,
+        documents: Sequence[Document] = (), first_part: Collection[int] = (),
+    ) -> Turn:
+        """Send `text` with `documents` to the target panes (every pane when None): the local panes
+        as one batched engine call per model, each remote pane as its own request. Returns once the
+        requests are queued; the replies stream in as events (await `turn.wait()`). Nothing is sent
+        when a target is busy (PaneBusyError), a local target's engine is not ready
+        (EngineNotReadyError) or a prompt cannot run (ContextFullError, the engine's PromptError).
+        With `skip_busy` a busy target is left out and named in `turn.skipped` (PaneBusyError only
+        when all are). A pane the documents do not fit is left out and named in `turn.refused`, or,
+        if its id is in `first_part`, gets their first parts that fit (app.workspace.attachments);
+        DocumentsTooLargeError when none is left.
         """
         targeted = self._targets(targets)
-        if not text.strip():
+        if not text.strip() and not documents:
             raise EmptyMessageError()
         skipped = [pane for pane in targeted if pane.busy] if skip_busy else []
         if len(skipped) == len(targeted) or not skip_busy:
             self._refuse_busy(targeted)
         panes = [pane for pane in targeted if pane not in skipped]
-        groups = self._local_groups(panes)
-        plans = {id(pane): self._plan(engine, pane, text, None) for engine, group in groups for pane in group}
-        runs = start_batches(groups, plans)
+        planned = plan_send(self._local_groups(panes), text, documents, first_part)
+        if not (panes := [pane for pane in panes if pane not in planned.refused_panes]):
+            raise DocumentsTooLargeError(planned.refused[0][1])
+        runs = start_batches(planned.groups, planned.plans)
         for pane in panes:
-            self._apply_drop(pane, plans.get(id(pane)))
-            index = pane.conversation.append_user(text)
+            self._apply_drop(pane, planned.plans.get(id(pane)))
+            index = pane.conversation.append_user(text, planned.documents.get(id(pane), tuple(documents)))
             self._emit(MessageAppended(pane.id, index))
-        return self._replies.begin(panes, runs, plans, skipped)
+        return self._replies.begin(panes, runs, planned.plans, skipped, planned.refused)
 
     async def regenerate(self, pane_id: int) -> Turn:
         """Replace the pane's last reply with a new one (or answer a last user message that has none)."""
@@ -473,7 +478,8 @@ class Workspace:
         conversation = pane.conversation
         if not 0 <= message_index < len(conversation.messages) or conversation.messages[message_index].role != "user":
             raise MessageIndexError(f"Message {message_index} of {pane.title} is not a message you wrote.")
-        plans = {id(pane): self._plan(engine, pane, text, message_index) for engine, _ in groups}
+        sent = user_message_with_documents(text, conversation.messages[message_index].attachments)
+        plans = {id(pane): self._plan(engine, pane, sent, message_index) for engine, _ in groups}
         runs = start_batches(groups, plans)
         # The reply to the old text (and what followed it) stays as an earlier version of the turn.
         conversation.edit_user(message_index, text)

@@ -52,9 +52,13 @@ def test_the_figures_are_the_replies_stats(tiny_engine: Engine) -> None:
         assert "Name three colours." in table
         assert table.count("\n| ") == 3  # header and two rows
         rows = list(csv.reader(io.StringIO(to_csv(figures))))
-        assert rows[0][:6] == ["Pane", "Model", "Words", "Tokens", "Tok/s", "TTFT (s)"]
+        assert rows[0][:8] == ["Pane", "Model", "Words", "Tokens", "Tok/s", "TTFT (s)", "Prompt tokens", "From cache"]
         assert rows[1][3] == str(figures[0].tokens) and rows[2][5] == f"{figures[1].ttft_s:.2f}"
-        assert rows[1][6] == "—" and rows[1][7] == f"{figures[0].shared[panes[1].id]:.0%}"
+        # Per pane, its prompt and how much of it the prefix cache served.
+        for row, pane in zip(rows[1:], panes):
+            stats = pane.conversation.messages[-1].stats
+            assert row[6:8] == [str(stats.prompt_tokens), str(stats.cached_prompt_tokens)]
+        assert rows[1][8] == "—" and rows[1][9] == f"{figures[0].shared[panes[1].id]:.0%}"
         await workspace.shutdown()
 
     asyncio.run(main())

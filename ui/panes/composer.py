@@ -1,11 +1,16 @@
-"""The composer: one message box, which panes receive it, Send and Stop."""
+"""The composer: one message box, which panes receive it, the documents attached, Send and Stop.
+
+Files reach it by the paperclip button, a drop (on the composer, the message
+box or a pane) or a paste; it reports them (`files_given`) and shows the
+chips and the fit line that ui/window/attachments.py gives it.
+"""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QKeyEvent
+from PySide6.QtCore import QMimeData, Qt, QTimer, Signal
+from PySide6.QtGui import QDragEnterEvent, QDropEvent, QKeyEvent
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
@@ -17,14 +22,28 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from ui.widgets.attachment_chip import dropped_files, paperclip_icon
+from ui.widgets.flow_layout import FlowLayout
+
 # What the message box tells the user about the models (Composer.set_model_state).
 ModelHint = Literal["ready", "loading", "failed", "none"]
 
 
 class MessageEdit(QPlainTextEdit):
-    """Enter adds a line; Ctrl+Enter sends."""
+    """Enter adds a line; Ctrl+Enter sends; files dropped or pasted are attached, not typed as paths."""
 
     send_requested = Signal()
+    files_given = Signal(list)  # local file paths
+
+    def canInsertFromMimeData(self, source: QMimeData) -> bool:  # noqa: N802
+        return bool(dropped_files(source)) or super().canInsertFromMimeData(source)
+
+    def insertFromMimeData(self, source: QMimeData) -> None:  # noqa: N802
+        files = dropped_files(source)
+        if files:
+            self.files_given.emit(files)
+            return
+        super().insertFromMimeData(source)
 
     def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802
         if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and (
@@ -38,6 +57,10 @@ class MessageEdit(QPlainTextEdit):
 class Composer(QWidget):
     send_requested = Signal(str, list)  # (text, target pane ids)
     stop_requested = Signal()
+    attach_requested = Signal()  # the paperclip: choose files
+    files_given = Signal(list)  # local file paths dropped or pasted
+    targets_changed = Signal()
+    first_part_toggled = Signal(bool)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -62,6 +85,30 @@ class Composer(QWidget):
         layout.addLayout(targets)
         layout.addWidget(self.notice)
 
+        # The documents attached to the next message, and what each target pane would receive.
+        self.attachments = QWidget(self)
+        self.attachment_row = FlowLayout(self.attachments)
+        self.attachments.hide()
+        layout.addWidget(self.attachments)
+        self.fit_bar = QWidget(self)
+        fit_row = QHBoxLayout(self.fit_bar)
+        fit_row.setContentsMargins(0, 0, 0, 0)
+        self.fit_label = QLabel(self.fit_bar)
+        self.fit_label.setObjectName("attachmentFit")
+        self.fit_label.setWordWrap(True)
+        self.fit_label.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
+        self.fit_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        fit_row.addWidget(self.fit_label, 1)
+        self.first_part_button = QPushButton("Send only the first part that fits", self.fit_bar)
+        self.first_part_button.setCheckable(True)
+        self.first_part_button.setToolTip("Send the panes it does not fit only the start of each document, "
+                                          "as much as fits their context; the chips say so")
+        self.first_part_button.toggled.connect(self.first_part_toggled)
+        self.first_part_button.hide()
+        fit_row.addWidget(self.first_part_button, 0, Qt.AlignmentFlag.AlignTop)
+        self.fit_bar.hide()
+        layout.addWidget(self.fit_bar)
+
         row = QHBoxLayout()
         self.edit = MessageEdit(self)
         self.edit.setPlaceholderText("Message every selected pane…  (Ctrl+Enter sends)")
@@ -69,6 +116,13 @@ class Composer(QWidget):
         lines = self.edit.fontMetrics().lineSpacing()
         self.edit.setFixedHeight(lines * 3 + 14)
         self.edit.send_requested.connect(self.send)
+        self.edit.files_given.connect(self.files_given)
+        self.attach_button = QToolButton(self)
+        self.attach_button.setIcon(paperclip_icon(self.palette().windowText().color()))
+        self.attach_button.setToolTip("Attach files: text, code, PDF, Word… (Ctrl+Shift+O); or drop them here")
+        self.attach_button.setAccessibleName("Attach files")
+        self.attach_button.clicked.connect(self.attach_requested)
+        row.addWidget(self.attach_button, 0, Qt.AlignmentFlag.AlignTop)
         row.addWidget(self.edit, 1)
         buttons = QVBoxLayout()
         self.send_button = QPushButton("Send", self)
@@ -92,6 +146,7 @@ class Composer(QWidget):
         self._refusal = ""
         self.model_state: ModelHint = "loading"
         self.set_model_state("loading")
+        self.setAcceptDrops(True)
 
     # -- targets -------------------------------------------------------------
 
@@ -115,6 +170,7 @@ class Composer(QWidget):
                 chip.setChecked(True)
                 chip.setObjectName(f"target{pid}")
                 chip.toggled.connect(lambda _on, c=chip: self._label_chip(c))
+                chip.toggled.connect(self.targets_changed)
                 self._chips[pid] = chip
             chip.setProperty("paneLabel", label)
             self._label_chip(chip)
@@ -144,6 +200,33 @@ class Composer(QWidget):
         """Toggle the chip at display position `position` (0-based)."""
         if 0 <= position < self._chip_row.count():
             self._chip_row.itemAt(position).widget().toggle()
+
+    # -- attachments ---------------------------------------------------------
+
+    def add_attachment_chip(self, chip: QWidget) -> None:
+        self.attachment_row.addWidget(chip)
+        self.attachments.show()
+
+    def remove_attachment_chip(self, chip: QWidget) -> None:
+        self.attachment_row.removeWidget(chip)
+        chip.deleteLater()
+        self.attachments.setVisible(self.attachment_row.count() > 0)
+
+    def set_fit(self, text: str, offer_first_part: bool) -> None:
+        """What each target pane would receive ("" hides it), and whether some pane needs the first-part choice."""
+        self.fit_label.setText(text)
+        self.fit_bar.setVisible(bool(text))
+        self.first_part_button.setVisible(offer_first_part or self.first_part_button.isChecked())
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:  # noqa: N802
+        if dropped_files(event.mimeData()):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event: QDropEvent) -> None:  # noqa: N802
+        files = dropped_files(event.mimeData())
+        if files:
+            event.acceptProposedAction()
+            self.files_given.emit(files)
 
     # -- state ---------------------------------------------------------------
 

@@ -8,12 +8,19 @@ from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtGui import QFont, QGuiApplication, QPalette, QResizeEvent
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QMenu, QToolButton, QVBoxLayout, QWidget
 
+from ui.dialogs.document_viewer import show_document
 from ui.panes.markdown_view import MarkdownView
 from ui.panes.thinking_view import ThinkingSection, thinking_title
 from ui.panes.version_switcher import VersionSwitcher
 from ui.theme import muted_text_color, user_bubble_color
+from ui.widgets.attachment_chip import AttachmentChip
+from ui.widgets.flow_layout import FlowLayout
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from engine.documents import Document
+
     from app.workspace.conversation import Message, ReplyStats
 
 
@@ -132,6 +139,15 @@ class MessageView(QFrame):
         layout.addWidget(self.thinking)
         self.body = MarkdownView(self, plain=(role in ("user", "notice")))
         layout.addWidget(self.body)
+        # A message's documents, as chips under its text (opened by a click).
+        self.attachments = QWidget(self)
+        self.attachment_row = FlowLayout(self.attachments)
+        self.attachment_row.setContentsMargins(0, 2, 0, 0)
+        self.attachments.hide()
+        layout.addWidget(self.attachments)
+        self.attachment_chips: list[AttachmentChip] = []
+        self.count_document_tokens: Callable[[Document], int | None] | None = None
+        self._attachments_shown: tuple[tuple[Document, ...], list[int | None]] = ((), [])
         if role == "notice":
             italic = QFont(self.body.font())
             italic.setItalic(True)
@@ -163,6 +179,7 @@ class MessageView(QFrame):
             return
         self.state = message.state
         self._show_text(message)
+        self._show_attachments(message.attachments)
         # One word on screen: a longer note would set the header's least width and
         # push the pane past the window (the text cut, the actions off screen).
         note, tip = STATE_NOTES.get(message.state, ("", ""))
@@ -202,6 +219,24 @@ class MessageView(QFrame):
         answering = bool(parts.answer) or not shown  # no empty line under a reply that is still thinking
         if answering != self.body.isVisibleTo(self):
             self.body.setVisible(answering)
+
+    def _show_attachments(self, documents: tuple[Document, ...]) -> None:
+        count = self.count_document_tokens
+        tokens = [count(d) if count is not None else None for d in documents]
+        if self._attachments_shown == (documents, tokens):
+            return
+        self._attachments_shown = (documents, tokens)
+        for chip in self.attachment_chips:
+            self.attachment_row.removeWidget(chip)
+            chip.deleteLater()
+        self.attachment_chips = []
+        for document, n in zip(documents, tokens):
+            chip = AttachmentChip(document.name, self.attachments)
+            chip.set_document(document, n)
+            chip.open_requested.connect(lambda document=document: show_document(self, document))
+            self.attachment_row.addWidget(chip)
+            self.attachment_chips.append(chip)
+        self.attachments.setVisible(bool(documents))
 
     def set_can_regenerate(self, can: bool, can_carry: bool = False) -> None:
         self.regenerate_button.setVisible(self.role == "assistant" and can)

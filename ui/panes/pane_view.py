@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QEvent, QSize, Qt, Signal
-from PySide6.QtGui import QFont, QPalette
+from PySide6.QtGui import QDragEnterEvent, QDropEvent, QFont, QPalette
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -31,9 +31,12 @@ from ui.panes.markdown_view import settle_layouts
 from ui.panes.message_view import MessageView
 from ui.panes.pane_settings import describe_params
 from ui.theme import warning_color
+from ui.widgets.attachment_chip import dropped_files
 from ui.widgets.model_picker import ModelPicker
 
 if TYPE_CHECKING:
+    from engine.documents import Document
+
     from app.models.registry import ModelEntry
     from app.workspace.conversation import ReplyStats
     from app.workspace.workspace import Pane
@@ -113,6 +116,7 @@ class PaneView(QFrame):
     sweep_requested = Signal(int)
     activated = Signal(int)  # the user clicked or focused into this pane
     model_chosen = Signal(int, str)  # pane id, model id
+    files_dropped = Signal(list)  # local file paths dropped on the pane: attached to the next message
 
     def __init__(self, pane: Pane, model_name: str, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -120,11 +124,14 @@ class PaneView(QFrame):
         self.pane_id: int = pane.id
         # Counts a chat's text when it has no kept ids yet (an import): None when it cannot.
         self.count_text_tokens: Callable[[], int | None] | None = None
+        # An attached document's tokens in the pane's model, for its chip: None when it cannot count.
+        self.count_document_tokens: Callable[[Document], int | None] | None = None
         self.model_name = model_name
         self.setObjectName(f"pane{pane.id}")
         self.setFrameShape(QFrame.Shape.StyledPanel)
         self.setMinimumWidth(self.fontMetrics().averageCharWidth() * MIN_PANE_CHARS)
         self.setFocusPolicy(Qt.FocusPolicy.ClickFocus)
+        self.setAcceptDrops(True)
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
@@ -456,6 +463,7 @@ class PaneView(QFrame):
         view.fork_requested.connect(lambda i: self.fork_requested.emit(self.pane_id, i))
         view.carry_requested.connect(lambda i: self.carry_requested.emit(self.pane_id, i))
         view.set_stats_hidden(self.arena_hidden)
+        view.count_document_tokens = self._document_tokens
         # Before the trailing stretch, in index order.
         position = sum(1 for i in self.messages if i < index) + 1
         self._list.insertWidget(position, view)
@@ -530,6 +538,19 @@ class PaneView(QFrame):
         role = QPalette.ColorRole.HighlightedText if current else QPalette.ColorRole.WindowText
         self.title_label.setForegroundRole(role)
         self.summary_label.setForegroundRole(role)
+
+    def _document_tokens(self, document: Document) -> int | None:
+        return self.count_document_tokens(document) if self.count_document_tokens is not None else None
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:  # noqa: N802
+        if dropped_files(event.mimeData()):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event: QDropEvent) -> None:  # noqa: N802
+        files = dropped_files(event.mimeData())
+        if files:
+            event.acceptProposedAction()
+            self.files_dropped.emit(files)
 
     def mousePressEvent(self, event) -> None:  # noqa: N802
         self.activated.emit(self.pane_id)

@@ -72,6 +72,8 @@ ACTIONS: tuple[Row, ...] = (
     Separator(FILE),
     ActionSpec("quit", "&Quit", FILE, "close", ("Ctrl+Q",)),
     ActionSpec("send", "&Send", EDIT, "composer.send", ("Ctrl+Return", "Ctrl+Enter")),
+    ActionSpec("attach", "&Attach files…", EDIT, "attachments.choose_files", ("Ctrl+Shift+O",),
+               tip="Attach documents to the next message (or drop or paste files onto the message box or a pane)"),
     ActionSpec("stop_all", "S&top all replies", EDIT, "stop_all", ("Esc",)),
     ActionSpec("stop_pane", "Stop this &pane's reply", EDIT, "commands.stop_current", ("Ctrl+.",)),
     Separator(EDIT),

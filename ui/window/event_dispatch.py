@@ -138,6 +138,7 @@ class WorkspaceEventRouter:
             view.model_state = window.workspace.pane_model_state(event.pane_id)
             view.refresh_header()
             view.refresh_context()
+        window.attachments.refresh_fit_soon()  # its model, settings or history changed what fits
         window.update_streaming()
         window.sync_pane_lists()
         window.refresh_ready()
@@ -161,6 +162,8 @@ class WorkspaceEventRouter:
         view.sweep_requested.connect(window.sweeps.open_for)
         view.activated.connect(window.set_current_pane)
         view.model_chosen.connect(window.models.choose)
+        view.files_dropped.connect(window.attachments.attach_paths)
+        view.count_document_tokens = lambda document: window.attachments.tokens(pane.conversation.model_id, document)
         if window.registry is not None:
             view.set_model_entries(window.models.entries())
         view.model_state = window.workspace.pane_model_state(pane.id)

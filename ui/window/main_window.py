@@ -48,6 +48,7 @@ from ui.startup import set_window_minimum
 from ui.theme import is_dark
 from ui.window.actions import WindowShortcuts, build_actions, refresh_enabled, shortcut_rows
 from ui.window.arena import WindowArena
+from ui.window.attachments import WindowAttachments
 from ui.window.banner import LoadingBanner, StoreBanner
 from ui.window.chat_files import ChatFiles
 from ui.window.chats import ChatsLink
@@ -180,6 +181,7 @@ class MainWindow(QMainWindow):
         self.composer.add_to_target_row(self.add_pane_button)
         column.addWidget(self.composer)
         self.setCentralWidget(central)
+        self.attachments = WindowAttachments(self)
 
         status_bar = WindowStatusBar(self)
         self.setStatusBar(status_bar)

@@ -32,23 +32,37 @@ class PaneCommands:
     def send(self, text: str, targets: list[int]) -> None:
         window = self._window
         composer = window.composer
-        if not text.strip():
+        attachments = window.attachments
+        if attachments.reading:
+            composer.show_notice(f"{_listed(attachments.reading)} {'is' if len(attachments.reading) == 1 else 'are'} "
+                                 "still being read; send once the chips show their tokens.")
+            return
+        documents = attachments.documents()
+        if not text.strip() and not documents:
             composer.show_notice("The message is empty. Type something to send.")
             return
         if not targets:
             composer.show_notice("No pane is selected to receive the message. Select at least one pane above.")
             return
         if window.arena.on:
+            if documents:
+                composer.show_notice("The arena sends text only: remove the attached documents, or leave the arena.")
+                return
             window.arena.send(text)
             return
         composer.set_sending(True)
+        first_part = attachments.first_part_panes()
 
         async def go() -> None:
-            turn = await window.workspace.send(text, targets, skip_busy=True)
+            turn = await window.workspace.send(text, targets, skip_busy=True, documents=documents,
+                                               first_part=first_part)
             composer.clear()
-            if turn.skipped:
-                sent = [window.workspace.pane(pid).title for pid in turn.pane_ids]
-                composer.show_notice(skipped_notice(sent, [pane.title for pane in turn.skipped]), 12.0)
+            attachments.clear()
+            sent = [window.workspace.pane(pid).title for pid in turn.pane_ids]
+            notes = [skipped_notice(sent, [pane.title for pane in turn.skipped])] if turn.skipped else []
+            notes += [f"{why} It was not sent there." for _pane, why in turn.refused]
+            if notes:
+                composer.show_notice(" ".join(notes), 15.0)
 
         window.run_task(go(), "Sending", on_done=lambda: composer.set_sending(False))
 

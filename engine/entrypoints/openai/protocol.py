@@ -10,7 +10,7 @@ served, an engine that failed or closed mid-answer, an unknown route).
 Nothing here reads a socket or touches an engine; the handlers hand over
 plain values.
 
-Fields the API defines but this server cannot honour (tools, logprobs, a
+Fields the API defines but this server cannot honour (logprobs, a
 non-zero presence penalty...) are refused with a 400 that names them rather
 than silently ignored: a client relying on them would otherwise get answers
 that look right and are not. Fields it does not know at all are ignored, as
@@ -20,7 +20,9 @@ it also takes `top_k`, `min_p`, `repetition_penalty` and `ignore_eos`
 
 A reasoning model's chat answers carry its think block apart, as
 `reasoning_content` beside `content` (on the message, and in stream deltas),
-as vLLM's reasoning parsers and DeepSeek's API do.
+as vLLM's reasoning parsers and DeepSeek's API do. `response_format`, `tools`
+and tool turns are read by tools.py; a reply's tool calls become `tool_calls`
+here (on the message, or in stream deltas).
 """
 
 from __future__ import annotations
@@ -33,9 +35,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from engine.documents import user_message_with_documents
+from engine.entrypoints.openai.file_parts import MAX_FILE_PARTS, FilePartError, document_from_file_part
+from engine.entrypoints.openai.tools import (
+    ToolCallDeltas, ToolFieldError, ToolRequest, ToolTypeError, parse_response_format, parse_tools, tool_turn,
+    with_tool_calls,
+)
 from engine.errors import EngineClosedError
+from engine.model.tool_calls import ToolCallFormat
 from engine.reasoning import ReasoningParser, split_reply
 from engine.params import RECOMMENDABLE_FIELDS
+from engine.structured import Constraint
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +77,7 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 # closed request"); nobody reads it.
 CLIENT_CLOSED_REQUEST = 499
 
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 
 class APIError(Exception):
@@ -116,18 +126,21 @@ class SamplingFields:
     # The sampling fields the body gave; the others take the model's
     # recommendation where it has one (Engine.recommended_sampling), as vLLM does.
     given: frozenset[str] = frozenset()
+    constraint: Constraint | None = None  # response_format's, or a forced tool call's grammar
 
 
 @dataclass(slots=True)
 class ChatRequest:
     model: str
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]  # a tool turn holds more than text (tools.tool_turn)
     sampling: SamplingFields
     stream: bool
     include_usage: bool
     # Tandem's extension: read special-token text inside message contents as
     # control tokens (the old behaviour); by default message text stays text.
     parse_special_tokens: bool = False
+    tools: ToolRequest | None = None
+    response_format: Constraint | None = None  # None: text
 
 
 @dataclass(slots=True)
@@ -343,16 +356,17 @@ def parse_chat_request(body: Any) -> ChatRequest:
     if len(raw) > MAX_MESSAGES:
         raise _too_many("messages", "messages", len(raw), MAX_MESSAGES,
                         "Leave out older turns, as a chat app does when a conversation outgrows the context.")
-    messages = [_message(m, f"messages[{i}]") for i, m in enumerate(raw)]
-    for name in ("tools", "functions"):
-        _unsupported(body, name, (None, []), "This server runs the model's plain chat template.")
-    _unsupported(body, "tool_choice", (None, "none"))
+    _check_file_part_count(raw)
+    try:
+        messages = [_message(m, f"messages[{i}]") for i, m in enumerate(raw)]
+        tools, response_format = parse_tools(body), parse_response_format(body)
+    except ToolFieldError as exc:
+        raise _field_error(exc) from None
+    if tools is not None and tools.choice != "none" and response_format is not None:
+        raise _invalid("response_format", "'response_format' and 'tools' cannot be used together: a reply is "
+                       "either a tool call or the JSON asked for. Set 'tool_choice' to 'none', or leave one out.")
     _unsupported(body, "logprobs", (None, False))
     _unsupported(body, "top_logprobs", (None, 0))
-    fmt = body.get("response_format")
-    if fmt is not None and fmt != {"type": "text"}:
-        raise APIError(400, "Only 'response_format': {\"type\": \"text\"} is supported.",
-                       param="response_format", code="unsupported_parameter")
     stream, include_usage = _stream_flags(body)
     return ChatRequest(
         model=model,
@@ -361,48 +375,80 @@ def parse_chat_request(body: Any) -> ChatRequest:
         stream=stream,
         include_usage=include_usage,
         parse_special_tokens=_bool(body, "parse_special_tokens", False),
+        tools=tools,
+        response_format=response_format,
     )
 
 
-def _message(value: Any, where: str) -> dict[str, str]:
+def _field_error(exc: ToolFieldError) -> APIError:
+    if isinstance(exc, ToolTypeError):
+        return _wrong_type(exc.param, exc.expected, exc.value)
+    return APIError(400, str(exc), param=exc.param, code=exc.code)
+
+
+def _message(value: Any, where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise _wrong_type(where, "an object", value)
     role = value.get("role")
     if not isinstance(role, str):
         raise _wrong_type(f"{where}.role", "a string", role)
     if role not in _ROLES:
-        hint = " Tool and function messages are not supported." if role in ("tool", "function") else ""
+        hint = " Send a function's result as a 'tool' message." if role == "function" else ""
         raise _invalid(
             f"{where}.role",
-            f"Unknown role {_quoted(role)} in {where}; expected one of system, developer, user, assistant.{hint}",
+            f"Unknown role {_quoted(role)} in {where}; expected one of system, developer, user, assistant, "
+            f"tool.{hint}",
         )
     content = value.get("content")
     if content is None and role == "assistant":
         content = ""
     if isinstance(content, list):
-        content = _text_parts(content, f"{where}.content")
+        content = _content_parts(content, f"{where}.content", role)
     elif not isinstance(content, str):
-        raise _wrong_type(f"{where}.content", "a string or an array of text parts", content)
+        raise _wrong_type(f"{where}.content", "a string or an array of text and file parts", content)
+    if role == "tool" or (role == "assistant" and value.get("tool_calls") not in (None, [])):
+        return tool_turn(value, where, content)
     return {"role": _ROLES[role], "content": content}
 
 
-def _text_parts(parts: list[Any], where: str) -> str:
+def _content_parts(parts: list[Any], where: str, role: str) -> str:
+    """The message's text: its file parts' documents first, in order (the form the window
+    sends, engine.documents), then its text parts, a line apart."""
     if len(parts) > MAX_CONTENT_PARTS:
         raise _too_many(where, "content parts", len(parts), MAX_CONTENT_PARTS, "Join the texts into fewer parts.")
     texts = []
+    documents = []
     for i, part in enumerate(parts):
         if not isinstance(part, dict) or not isinstance(part.get("type"), str):
             raise _wrong_type(f"{where}[{i}]", "a content part object with a 'type'", part)
+        if part["type"] == "file":
+            if role != "user":
+                raise _invalid(f"{where}[{i}].type",
+                               f"File parts are accepted in user messages only, not in {role} ones.")
+            try:
+                documents.append(document_from_file_part(part, f"{where}[{i}]"))
+            except FilePartError as exc:
+                raise APIError(400, str(exc), param=exc.param, code="invalid_file") from None
+            continue
         if part["type"] != "text":
             raise _invalid(
                 f"{where}[{i}].type",
-                f"Content parts of type {_quoted(part['type'])} are not supported; this model reads text only.",
+                f"Content parts of type {_quoted(part['type'])} are not supported; this model reads text "
+                "and file parts only.",
             )
         text = part.get("text")
         if not isinstance(text, str):
             raise _wrong_type(f"{where}[{i}].text", "a string", text)
         texts.append(text)
-    return "\n".join(texts)
+    return user_message_with_documents("\n".join(texts), documents)
+
+
+def _check_file_part_count(messages: list[Any]) -> None:
+    # Counted before any is read: each may start a reader process.
+    count = sum(1 for m in messages if isinstance(m, dict) and isinstance(m.get("content"), list)
+                for p in m["content"] if isinstance(p, dict) and p.get("type") == "file")
+    if count > MAX_FILE_PARTS:
+        raise _too_many("messages", "file parts", count, MAX_FILE_PARTS, "Send fewer documents per request.")
 
 
 def parse_completion_request(body: Any) -> CompletionRequest:
@@ -521,29 +567,31 @@ def chat_completion(
     outputs: Sequence[FinishedChoice],
     usage: dict[str, Any],
     starts_in_reasoning: bool | None = None,
+    tools: ToolCallFormat | None = None,
 ) -> dict[str, Any]:
     """The JSON answer of a chat completion, choice i being `outputs[i]`.
 
     `starts_in_reasoning`: None for a model that does not reason (its text is
     the content); else whether its replies start inside the think block, and
-    each message has the block as `reasoning_content` (null when it has none)."""
-    return {
-        **head.fields("chat.completion"),
-        "choices": [{
-            "index": i,
-            "message": chat_message(o.text, starts_in_reasoning),
-            "logprobs": None,
-            "finish_reason": finish_reason(o.finish_reason),
-        } for i, o in enumerate(outputs)],
-        "usage": usage,
-    }
+    each message has the block as `reasoning_content` (null when it has none).
+    `tools`: the model's tool-call format when the request offered tools; the
+    calls in a reply become its `tool_calls`, and its finish reason "tool_calls"."""
+    choices = []
+    for i, o in enumerate(outputs):
+        message = chat_message(o.text, starts_in_reasoning, tools)
+        reason = "tool_calls" if message.get("tool_calls") and o.finish_reason == "stop" else \
+            finish_reason(o.finish_reason)
+        choices.append({"index": i, "message": message, "logprobs": None, "finish_reason": reason})
+    return {**head.fields("chat.completion"), "choices": choices, "usage": usage}
 
 
-def chat_message(text: str, starts_in_reasoning: bool | None) -> dict[str, Any]:
+def chat_message(text: str, starts_in_reasoning: bool | None, tools: ToolCallFormat | None = None) -> dict[str, Any]:
     if starts_in_reasoning is None:
-        return {"role": "assistant", "content": text}
-    parts = split_reply(text, starts_in_reasoning=starts_in_reasoning)
-    return {"role": "assistant", "content": parts.answer, "reasoning_content": parts.reasoning or None}
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+    else:
+        parts = split_reply(text, starts_in_reasoning=starts_in_reasoning)
+        message = {"role": "assistant", "content": parts.answer, "reasoning_content": parts.reasoning or None}
+    return message if tools is None else with_tool_calls(message, tools)
 
 
 def completion(head: ResponseHead, outputs: Sequence[FinishedChoice], usage: dict[str, Any]) -> dict[str, Any]:
@@ -564,7 +612,7 @@ class StreamChunks(Protocol):
 
     include_usage: bool
 
-    def text(self, index: int, text: str) -> dict[str, Any] | None: ...
+    def text(self, index: int, text: str, token_ids: Sequence[int] = ()) -> dict[str, Any] | None: ...
 
     def finish(self, index: int, engine_reason: str) -> dict[str, Any]: ...
 
@@ -583,25 +631,48 @@ class ChatChunks:
     `starts_in_reasoning` as in `chat_completion`: for a reasoning model each
     delta carries its reasoning as `reasoning_content` and its answer as
     `content`; text that may still be part of a tag waits for the next
-    delta, so a text delta may have no chunk (None)."""
+    delta, so a text delta may have no chunk (None).
+
+    `tools` as in `chat_completion`: the answer is parsed for calls, and
+    deltas carry them in `tool_calls` (tools.ToolCallDeltas: index, id and
+    name, then the arguments in pieces); text that may be the start of a
+    call waits until that is decided. `markers`: the format's markers that
+    are special tokens (id -> text), which a delta's text leaves out: they
+    come with its token ids."""
 
     head: ResponseHead
     include_usage: bool
     starts_in_reasoning: bool | None = None
+    tools: ToolCallFormat | None = None
+    markers: Mapping[int, str] = field(default_factory=dict)
     _started: set[int] = field(default_factory=set)
     _parsers: dict[int, ReasoningParser] = field(default_factory=dict)
+    _calls: ToolCallDeltas | None = None
 
-    def text(self, index: int, text: str) -> dict[str, Any] | None:
-        delta = self._delta(index, *self._split(index, text))
+    def __post_init__(self) -> None:
+        self._calls = ToolCallDeltas(self.tools) if self.tools is not None else None
+
+    def text(self, index: int, text: str, token_ids: Sequence[int] = ()) -> dict[str, Any] | None:
+        if self.markers:
+            text = "".join(self.markers[t] for t in token_ids if t in self.markers) + text
+        if not text:
+            return None
+        reasoning, answer = self._split(index, text)
+        answer, calls = self._calls.feed(index, answer, final=False) if self._calls else (answer, [])
+        delta = self._delta(index, reasoning, answer, calls)
         return None if delta is None else self._chunk(index, delta, None)
 
     def finish(self, index: int, engine_reason: str) -> dict[str, Any]:
         parser = self._parsers.pop(index, None)
-        delta = self._delta(index, *parser.finish()) if parser is not None else None
+        reasoning, answer = parser.finish() if parser is not None else ("", "")
+        answer, calls = self._calls.feed(index, answer, final=True) if self._calls else (answer, [])
+        delta = self._delta(index, reasoning, answer, calls)
         if delta is None:
             delta = {} if index in self._started else {"role": "assistant", "content": ""}
             self._started.add(index)
-        return self._chunk(index, delta, finish_reason(engine_reason))
+        called = self._calls is not None and self._calls.called(index)
+        reason = "tool_calls" if called and engine_reason == "stop" else finish_reason(engine_reason)
+        return self._chunk(index, delta, reason)
 
     def _split(self, index: int, text: str) -> tuple[str, str]:
         """(reasoning, answer) of a delta's text."""
@@ -612,21 +683,23 @@ class ChatChunks:
             parser = self._parsers[index] = ReasoningParser(starts_in_reasoning=self.starts_in_reasoning)
         return parser.feed(text)
 
-    def _delta(self, index: int, reasoning: str, answer: str) -> dict[str, str] | None:
-        if not reasoning and not answer:
+    def _delta(self, index: int, reasoning: str, answer: str, calls: list[dict[str, Any]]) -> dict[str, Any] | None:
+        if not reasoning and not answer and not calls:
             return None
-        delta = {} if index in self._started else {"role": "assistant"}
+        delta: dict[str, Any] = {} if index in self._started else {"role": "assistant"}
         self._started.add(index)
         if reasoning:
             delta["reasoning_content"] = reasoning
-        if answer or not reasoning:
+        if answer or not (reasoning or calls):
             delta["content"] = answer
+        if calls:
+            delta["tool_calls"] = calls
         return delta
 
     def usage(self, usage: dict[str, Any]) -> dict[str, Any]:
         return usage_chunk(self.head, "chat.completion.chunk", usage)
 
-    def _chunk(self, index: int, delta: dict[str, str], reason: str | None) -> dict[str, Any]:
+    def _chunk(self, index: int, delta: dict[str, Any], reason: str | None) -> dict[str, Any]:
         choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
         return _stream_chunk(self.head, "chat.completion.chunk", choice, self.include_usage)
 
@@ -638,7 +711,9 @@ class CompletionChunks:
     head: ResponseHead
     include_usage: bool
 
-    def text(self, index: int, text: str) -> dict[str, Any]:
+    def text(self, index: int, text: str, token_ids: Sequence[int] = ()) -> dict[str, Any] | None:
+        if not text:
+            return None
         choice = {"index": index, "text": text, "logprobs": None, "finish_reason": None}
         return _stream_chunk(self.head, "text_completion", choice, self.include_usage)
 
