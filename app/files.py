@@ -50,7 +50,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from app.errors import AppError
-from engine.formats.default_model import PRIVATE_FOLDER_MODE, make_private_folder
+from engine.model_files import PRIVATE_FOLDER_MODE, make_private_folder
 
 # Files only their owner may read or write.
 PRIVATE_FILE_MODE = 0o600

@@ -486,7 +486,7 @@ def _storage_error(exc: OSError, where: Path) -> ModelStorageError:
 
 
 def _make_folder(folder: Path) -> None:
-    from engine.formats import default_model
+    from engine import model_files as default_model
 
     try:
         default_model.make_private_folder(folder.parent.parent)
@@ -542,7 +542,7 @@ def _register_gguf(registry: ModelRegistry, listing: RepoFiles, choice: FileChoi
 def _register_folder(registry: ModelRegistry, listing: RepoFiles, choice: FileChoice, folder: Path,
                      report: Callable[[DownloadProgress], None]) -> ModelEntry:
     from app.models.checks import check_model_folder
-    from engine.formats.staged_folder import discard_folder, fsync_dir, staging_path
+    from engine.model_files import discard_folder, fsync_dir, staging_path
 
     name = listing.repo_id.rsplit("/", 1)[-1]
     report(DownloadProgress("import", name, choice.size, choice.size))

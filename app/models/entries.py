@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from engine.errors import ModelLoadError
-from engine.formats import default_model
-from engine.formats.weight_memory import ModelShape, QuantizedWeights
+from engine import model_files as default_model
+from engine.inspect import ModelShape, QuantizedWeights
 from engine.config import QUANTIZE_MODES
 
 log = logging.getLogger(__name__)

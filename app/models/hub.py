@@ -39,7 +39,7 @@ from urllib.parse import quote
 from app.models.errors import HubAccessError, HubError, HubOfflineError, ModelError
 from app.models.hub_http import hub_endpoint, hub_host, hub_read, shown
 from engine.errors import EngineError
-from engine.model.families import FAMILIES
+from engine.inspect import FAMILIES
 
 log = logging.getLogger(__name__)
 
@@ -498,7 +498,7 @@ def assess_choices(
     largest that fits. `shape` (an engine ModelShape) is read from the Hub
     when not given; `memory_free` / `disk_free` default to this machine's."""
     from app.models.memory_estimate import available_memory
-    from engine.formats import default_model
+    from engine import model_files as default_model
 
     if memory_free is None:
         memory_free = available_memory(device)
@@ -569,13 +569,13 @@ def model_shape(listing: RepoFiles, choice: FileChoice) -> Any:
     from app.models.download import fetch_range, fetch_small
 
     if choice.kind == "folder":
-        from engine.formats.weight_memory import ModelShape
-        from engine.model.config import ModelConfig
+        from engine.inspect import ModelShape
+        from engine.inspect import ModelConfig
 
         with tempfile.TemporaryDirectory(prefix="tandem-config-") as tmp:
             (Path(tmp) / "config.json").write_bytes(fetch_small(listing.repo_id, listing.commit, "config.json"))
             return ModelShape.from_config(ModelConfig.from_folder(Path(tmp)))
-    from app.models.checks import read_gguf_summary
+    from app.models.checks import gguf_shape, read_gguf_summary
 
     remote = choice.main_file
     last_error: Exception | None = None
@@ -587,7 +587,7 @@ def model_shape(listing: RepoFiles, choice: FileChoice) -> Any:
                 out.write(head)
                 out.truncate(remote.size)  # sparse: the tensor data is never fetched
             try:
-                return read_gguf_summary(path).shape()
+                return gguf_shape(read_gguf_summary(path))
             except ModelError as exc:
                 last_error = exc
         if length >= remote.size:

@@ -18,8 +18,8 @@ from app.models.checks import check_gguf_file, check_model_folder, gguf_error
 from app.models.entries import ModelEntry
 from app.models.errors import ImportCancelledError, ModelError, ModelStorageError
 from engine.errors import FolderWriteError, LoadCancelled, ModelLoadError
-from engine.formats.gguf.importer import import_gguf
-from engine.formats.staged_folder import discard_folder
+from engine.model_files import import_gguf
+from engine.model_files import discard_folder
 from engine.progress import LoadProgress
 
 if TYPE_CHECKING:

@@ -5,7 +5,8 @@ without loading anything:
 
 - `estimate_memory(shape, device, dtype, kv_cache_mb, page_size, stored=,
   quantize=, quantized=, max_context=)`: the bytes the engine will hold for
-  the weights and the KV pool. Every rule is the engine's own, called here:
+  the weights and the KV pool. Every rule is the engine's own, read through
+  engine.inspect:
   engine/formats/loader.py `resolve_device` / `resolve_dtype` (what "auto"
   means) and `resolve_quantized_compute` (whether blocks run quantized),
   engine/formats/weight_memory.py (the weights' bytes as the loader holds
@@ -30,8 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.errors import ModelLoadError
-from engine.formats.weight_memory import ModelShape, QuantizedWeights, weight_bytes
-from engine.formats.weight_names import EMBEDDING_NAME, LM_HEAD_NAME
+from engine import inspect
+from engine.inspect import EMBEDDING_NAME, LM_HEAD_NAME, ModelShape, QuantizedWeights, weight_bytes
 from engine.progress import format_bytes
 
 if TYPE_CHECKING:
@@ -112,48 +113,36 @@ def estimate_memory(
     the engine would refuse (CUDA asked for without a GPU, an unknown dtype,
     `quantize` where no quantized kernel runs).
     """
-    from engine.formats.loader import resolve_device, resolve_dtype, resolve_quantized_compute
-    from engine.runner.memory import (
-        DESKTOP_RESERVE_BYTES,
-        MIB,
-        RUNTIME_EXTRA_BYTES,
-        activation_dtype,
-        default_kv_budget,
-        default_kv_pages,
-        kv_bytes_per_page,
-        sequence_pages,
-    )
-
     if page_size < 1:
         raise ModelLoadError("page_size must be at least 1")
-    dev = resolve_device(device)
-    weight_dtype = resolve_dtype(dtype, dev)
+    dev = inspect.resolve_device(device)
+    weight_dtype = inspect.resolve_dtype(dtype, dev)
 
     blocks = stored or QuantizedWeights()
     if quantize is not None and not blocks:
         blocks = QuantizedWeights.planned(shape, quantize)
-        run_quantized = resolve_quantized_compute(quantized, dev, asked=True, probe=False) == "kernel"
+        run_quantized = inspect.resolve_quantized_compute(quantized, dev, asked=True, probe=False) == "kernel"
     elif blocks:
-        run_quantized = resolve_quantized_compute(quantized, dev, probe=False) == "kernel"
+        run_quantized = inspect.resolve_quantized_compute(quantized, dev, probe=False) == "kernel"
     else:
         run_quantized = False
     weights, described = weight_bytes(shape, dev, weight_dtype, blocks, run_quantized=run_quantized)
 
     context = shape.max_context if max_context is None else min(max_context, shape.max_context)
-    per_page = kv_bytes_per_page(
-        shape.num_layers, shape.num_kv_heads, shape.head_dim, page_size, activation_dtype(dev, weight_dtype)
+    per_page = inspect.kv_bytes_per_page(
+        shape.num_layers, shape.num_kv_heads, shape.head_dim, page_size, inspect.activation_dtype(dev, weight_dtype)
     )
-    budget = default_kv_budget(dev, None if kv_cache_mb is None else kv_cache_mb * MIB)
+    budget = inspect.default_kv_budget(dev, None if kv_cache_mb is None else kv_cache_mb * inspect.MIB)
     adaptive = budget is None
     if budget is None:
         # The engine measures what is free once loaded; the least it needs
         # is one conversation at full context.
-        budget = sequence_pages(context, page_size) * per_page
-    pages = default_kv_pages(budget, per_page, context, page_size)
+        budget = inspect.sequence_pages(context, page_size) * per_page
+    pages = inspect.default_kv_pages(budget, per_page, context, page_size)
     return MemoryEstimate(
         weights_bytes=weights,
         kv_bytes=pages * per_page,
-        overhead_bytes=DESKTOP_RESERVE_BYTES + RUNTIME_EXTRA_BYTES if dev.type == "cuda" else 0,
+        overhead_bytes=inspect.DESKTOP_RESERVE_BYTES + inspect.RUNTIME_EXTRA_BYTES if dev.type == "cuda" else 0,
         device=str(dev),
         dtype=str(weight_dtype).removeprefix("torch."),
         kv_adaptive=adaptive,
@@ -165,9 +154,7 @@ def estimate_memory(
 def cpu_packs_weights(dtype: torch.dtype) -> bool:
     """Whether the engine keeps a oneDNN-packed second copy of float matmul
     weights of `dtype` on the CPU (engine/model/linear.py cpu_weight_packing)."""
-    from engine.model.linear import cpu_weight_packing
-
-    return cpu_weight_packing(dtype)
+    return inspect.cpu_weight_packing(dtype)
 
 
 # ---------------------------------------------------------------------------
@@ -183,9 +170,7 @@ def available_memory(device: str = "auto") -> int:
     """
     import torch
 
-    from engine.formats.loader import resolve_device
-
-    dev = resolve_device(device)
+    dev = inspect.resolve_device(device)
     if dev.type == "cuda":
         free, _total = torch.cuda.mem_get_info(dev)
         return int(free)

@@ -50,6 +50,7 @@ from app.models.checks import (
     check_model_folder,
     describe_model_folder,
     gguf_architecture_label,
+    gguf_shape,
     read_gguf_summary,
     size_on_disk,
 )
@@ -84,8 +85,8 @@ from app.models.errors import (
 )
 from app.models.memory_estimate import MemoryEstimate, ModelShape, estimate_memory
 from engine.errors import ModelLoadError
-from engine.formats import default_model
-from engine.formats.staged_folder import discard_folder, fsync_dir
+from engine import model_files as default_model
+from engine.model_files import discard_folder, fsync_dir
 from engine.progress import LoadProgress, display_path, format_bytes
 
 # The names other layers import from here (the records, errors and checks
@@ -260,10 +261,10 @@ class ModelRegistry:
             if entry.quantize == mode:
                 return entry
             if mode is not None and entry.path is not None and entry.path.is_dir():
-                from engine.formats.loader import quantized_formats  # torch: not while the window is built
+                from engine import inspect  # torch, on first use: not while the window is built
 
                 try:
-                    stored = sorted(set(quantized_formats(entry.path).values()))
+                    stored = sorted(set(inspect.quantized_formats(entry.path).values()))
                 except ModelLoadError as exc:
                     raise ModelNotSupportedError(str(exc)) from exc
                 if stored:
@@ -633,7 +634,7 @@ class ModelRegistry:
             size_on_disk_bytes=gguf_size,
             path=None,
             source=f"Built in: {gguf_path.name}; imported on first use",
-            shape=summary.shape(),
+            shape=gguf_shape(summary),
             stored=summary.kept_formats(),
         )
 

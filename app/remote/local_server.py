@@ -37,18 +37,19 @@ from typing import TYPE_CHECKING
 from app.errors import AppError
 from engine.entrypoints.openai.server import (
     ExposedWithoutKeyError,
+    RequestCallback,
+    RequestRecord,
     RunningServer,
     ServedModels,
     bind,
     create_app,
     is_loopback,
     require_key_beyond_loopback,
+    served_model_id,
 )
-from engine.entrypoints.openai.models import served_model_id
-from engine.entrypoints.openai.request_log import RequestCallback, RequestRecord
 
 if TYPE_CHECKING:
-    from engine.llm import Engine
+    from engine import Engine
 
 __all__ = ["LocalServer", "LocalServerError", "PortInUseError", "RequestRecord", "lan_addresses",
            "new_api_key", "served_mapping"]

@@ -12,6 +12,7 @@ Interface::
                                            # raises ModelNotServedError if `model` is not among them
     stream = client.stream_chat(messages, params)   # nothing is sent until iterated
     async for delta in stream:             # text deltas as they arrive
+                                           # (reasoning sent apart arrives inside <think>...</think>)
         pane.append(delta, stream.stats)   # stats: live RemoteStats (client-side TTFT, tokens/s)
     stream.stats.finish_reason             # "stop" | "length" | ... once the stream ended
     await stream.aclose()                  # stop early (the server aborts the request)
@@ -46,6 +47,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import httpx
 
 from app.errors import AppError
+from engine import reasoning
 
 # Parameters OpenAI's API does not know: sent only when they change something.
 _EXTRA_PARAMS = {"top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
@@ -311,6 +313,7 @@ class ChatStream:
         self.stats = RemoteStats()
         self.text = ""
         self._iter: AsyncIterator[str] | None = None
+        self._in_reasoning = False  # inside reasoning the server sent apart from the answer
 
     def __aiter__(self) -> AsyncIterator[str]:
         if self._iter is None:
@@ -409,8 +412,23 @@ class ChatStream:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
             delta = choice.get("delta") or {}
-            content = delta.get("content") if isinstance(delta, dict) else None
-            if isinstance(content, str):
+            if not isinstance(delta, dict):
+                delta = {}
+            # Reasoning comes apart from the answer (`reasoning_content`: vLLM,
+            # llama.cpp's server, LM Studio, Tandem's own; `reasoning`: Ollama,
+            # OpenRouter). It joins the reply inside a think block, where the
+            # pane shows it as thinking, as it does a local model's.
+            thought = delta.get("reasoning_content") or delta.get("reasoning")
+            if isinstance(thought, str) and thought:
+                if not self._in_reasoning:
+                    text += reasoning.THINK_START
+                    self._in_reasoning = True
+                text += thought
+            content = delta.get("content")
+            if isinstance(content, str) and content:
+                if self._in_reasoning:
+                    text += reasoning.THINK_END
+                    self._in_reasoning = False
                 text += content
             if choice.get("finish_reason"):
                 self.stats.finish_reason = str(choice["finish_reason"])

@@ -45,7 +45,7 @@ BUSY_TIMEOUT_S = 5.0
 
 def default_path() -> Path:
     """The store in Tandem's data folder."""
-    from engine.formats.default_model import data_dir
+    from engine.model_files import data_dir
 
     return data_dir() / STORE_FILENAME
 
@@ -107,7 +107,7 @@ def _prepare_folder(folder: Path) -> None:
 
     A folder that already exists and is not the data folder (a test's, one
     given on purpose) keeps its mode: it is not Tandem's to change."""
-    from engine.formats.default_model import data_dir
+    from engine.model_files import data_dir
 
     try:
         if not folder.exists() or folder == data_dir():

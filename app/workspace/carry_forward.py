@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from app.errors import CarryError
 
 if TYPE_CHECKING:
-    from engine.model.tokenizer import Tokenizer
+    from engine import Tokenizer
 
     from app.workspace.conversation import Message
     from app.workspace.pane import Pane

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from app.errors import ContextFullError
 
 if TYPE_CHECKING:
-    from engine.model.tokenizer import Tokenizer
+    from engine import Tokenizer
 
     from app.workspace.conversation import Conversation
 

@@ -24,7 +24,7 @@ from engine.errors import EngineError, LoadCancelled, ModelLoadError
 from app.errors import AppError
 
 if TYPE_CHECKING:
-    from engine.llm import Engine
+    from engine import Engine
     from engine.progress import LoadProgress
 
 log = logging.getLogger(__name__)
@@ -262,6 +262,6 @@ async def in_thread(loop: asyncio.AbstractEventLoop, fn: Callable[[], T], name: 
 def _new_engine(kwargs: dict[str, Any], on_progress: Any, cancel: Any) -> Engine:
     # Imported on the loading thread: torch takes seconds to import, and the
     # window is on screen before any model loads.
-    from engine.llm import Engine
+    from engine import Engine
 
     return Engine(**kwargs, on_progress=on_progress, cancel=cancel)

@@ -183,8 +183,11 @@ def read_headers(
     return headers
 
 
-def read_tensors(files: Iterable[Path]) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor of the files, each read into memory of its own.
+def read_tensors(
+    files: Iterable[Path], keep: Callable[[str], bool] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of the files (those `keep` accepts; the others are not
+    read), each read into memory of its own.
 
     Read, not mapped: safetensors' tensors are views of the file's mapping,
     which then stays mapped while any of them lives, and every page read
@@ -199,6 +202,8 @@ def read_tensors(files: Iterable[Path]) -> Iterator[tuple[str, torch.Tensor]]:
         try:
             with open(path, "rb", buffering=0) as handle:
                 for tensor in _parse_header(handle, os.fstat(handle.fileno()).st_size):
+                    if keep is not None and not keep(tensor.name):
+                        continue
                     dtype_name = TORCH_DTYPES.get(tensor.dtype)
                     if dtype_name is None:
                         raise ValueError(f"tensor {shown_value(tensor.name)} has the unsupported dtype {tensor.dtype!r}")
@@ -210,9 +215,9 @@ def read_tensors(files: Iterable[Path]) -> Iterator[tuple[str, torch.Tensor]]:
             raise _unreadable(path, exc) from exc
 
 
-def count_tensors(files: Iterable[Path]) -> int:
-    """How many tensors the files hold (reads only their headers)."""
-    return sum(len(read_header(path)) for path in files)
+def count_tensors(files: Iterable[Path], keep: Callable[[str], bool] | None = None) -> int:
+    """How many tensors the files hold (those `keep` accepts; reads only their headers)."""
+    return sum(1 for path in files for t in read_header(path) if keep is None or keep(t.name))
 
 
 def entry_nbytes(entry: TensorEntry) -> int:

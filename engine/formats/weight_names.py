@@ -25,10 +25,32 @@ LM_HEAD_NAME = "lm_head.weight"
 IGNORED_WEIGHT_SUFFIX = "rotary_emb.inv_freq"
 
 
+# A multimodal checkpoint (Gemma 3 4B and up) keeps its text model under a
+# prefix, beside a vision tower Tandem does not run: exports made before
+# transformers 4.52 name it "language_model.model.*", later ones
+# "model.language_model.*".
+_TEXT_MODEL_PREFIXES = (
+    ("language_model.model.", "model."),
+    ("model.language_model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+)
+_VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+
+
+def model_weight_name(name: str) -> str | None:
+    """The name the loader knows a stored tensor by ("model.layers.0...."),
+    or None for one it skips unread: a vision tower, an exporter's extras."""
+    for prefix, replacement in _TEXT_MODEL_PREFIXES:
+        if name.startswith(prefix):
+            return replacement + name[len(prefix):]
+    if name.startswith(_VISION_PREFIXES) or not name.startswith(("model.", LM_HEAD_NAME)):
+        return None
+    return name
+
+
 def is_model_weight(name: str) -> bool:
-    """Whether the loader takes a stored tensor: anything else in the files
-    (an exporter's extras) is skipped unread."""
-    return name.startswith(("model.", LM_HEAD_NAME))
+    """Whether the loader takes a stored tensor (under `model_weight_name`)."""
+    return model_weight_name(name) is not None
 
 
 def quantized_layer_weights(c: ModelConfig) -> tuple[str, ...]:

@@ -131,6 +131,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str = "config.json") -> ModelConfig:
+        raw = dict(families.text_model_config(raw))
         model_type = raw.get("model_type", "")
         family = families.for_model_type(model_type) if isinstance(model_type, str) else None
         if family is None:

@@ -219,9 +219,9 @@ def test_connection_refused() -> None:
 # -- a server that misbehaves ----------------------------------------------------------
 
 
-def _chunk(text: str) -> bytes:
+def _chunk(text: str, field: str = "content", finish: str | None = None) -> bytes:
     body = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m",
-            "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+            "choices": [{"index": 0, "delta": {field: text}, "finish_reason": finish}]}
     return f"data: {json.dumps(body)}\n\n".encode()
 
 
@@ -266,6 +266,12 @@ class _Misbehaving(http.server.BaseHTTPRequestHandler):
             return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
+        if scenario in ("reasoning_content", "reasoning"):
+            # A reasoning model behind vLLM / llama.cpp (`reasoning_content`) or Ollama (`reasoning`).
+            self.end_headers()
+            self.wfile.write(_chunk("The user", scenario) + _chunk(" greets me.", scenario) + _chunk("Hello")
+                             + _chunk("!", finish="stop") + b"data: [DONE]\n\n")
+            return
         if scenario == "chunked":
             self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
@@ -350,6 +356,20 @@ def test_a_stream_that_stops_halfway(bad_server: str, scenario: str) -> None:
     assert isinstance(error, RemoteStreamError)
     assert "broke off" in str(error) or "stopped halfway" in str(error)
     assert models == ["m"]
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+def test_reasoning_sent_apart_arrives_as_a_think_block(bad_server: str, field: str) -> None:
+    from app.workspace.conversation import Message
+
+    async def main() -> list[str]:
+        async with OpenAIClient(f"{bad_server}/{field}/v1", model="m") as client:
+            return [delta async for delta in client.stream_chat(MESSAGES)]
+
+    deltas = asyncio.run(main())
+    assert "".join(deltas) == "<think>The user greets me.</think>Hello!"
+    parts = Message(role="assistant", text="".join(deltas)).parts
+    assert (parts.reasoning, parts.answer) == ("The user greets me.", "Hello!")
 
 
 def test_an_error_event_in_the_stream(bad_server: str) -> None:

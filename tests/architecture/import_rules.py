@@ -127,6 +127,49 @@ def private_name_violations(sites: Iterable[ImportSite]) -> list[str]:
     return found
 
 
+# The engine modules app and ui may import (engine/__init__.py says what each is for);
+# every other engine module is the engine's own business, free to change.
+PUBLIC_ENGINE_MODULES = frozenset({
+    "engine",
+    "engine.params",
+    "engine.errors",
+    "engine.progress",
+    "engine.config",
+    "engine.reasoning",
+    "engine.inspect",
+    "engine.model_files",
+    "engine.documents",
+    "engine.structured",
+    "engine.entrypoints.openai.server",
+})
+
+
+def engine_exports(root: Path) -> frozenset[str]:
+    """The names `from engine import ...` offers: the keys of engine/__init__.py's `_EXPORTS`."""
+    tree = ast.parse((root / "engine" / "__init__.py").read_text(encoding="utf-8"))
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        if any(isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in targets) and isinstance(node.value, ast.Dict):
+            return frozenset(k.value for k in node.value.keys if isinstance(k, ast.Constant))
+    return frozenset()
+
+
+def public_engine_violations(sites: Iterable[ImportSite], exports: frozenset[str]) -> list[str]:
+    """app and ui import only the engine's public modules, and from the
+    package itself only what it exports (or a public module by name)."""
+    found = []
+    for site in sites:
+        if site.module.split(".")[0] not in ("app", "ui") or not _within(site.target, "engine"):
+            continue
+        if site.target == "engine":
+            ok = all(n in exports or f"engine.{n}" in PUBLIC_ENGINE_MODULES for n in site.names)
+        else:
+            ok = site.target in PUBLIC_ENGINE_MODULES
+        if not ok:
+            found.append(str(site))
+    return found
+
+
 # Private attributes ui may read, each of a library, never of app or engine.
 PRIVATE_ATTRIBUTES_ALLOWED = {
     ("ui.event_loop", "_run"): "asyncio.Handle._run: how an event loop runs a callback it holds",

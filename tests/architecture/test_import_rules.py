@@ -10,10 +10,12 @@ import pytest
 
 from tests.architecture.import_rules import (
     cycles,
+    engine_exports,
     import_sites,
     layering_violations,
     private_attribute_violations,
     private_name_violations,
+    public_engine_violations,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -33,6 +35,12 @@ def test_dependencies_point_from_ui_to_app_to_engine(sites):
 
 def test_no_layer_takes_a_private_name_from_the_layer_below(sites):
     assert private_name_violations(sites) == []
+
+
+def test_app_and_ui_use_only_the_engines_public_modules(sites):
+    exports = engine_exports(REPO_ROOT)
+    assert {"Engine", "Tokenizer", "SamplingParams"} <= exports
+    assert public_engine_violations(sites, exports) == []
 
 
 def test_ui_reads_no_private_attribute_of_another_object():
@@ -69,6 +77,15 @@ def test_each_rule_catches_a_planted_violation(tmp_path):
         "app/b.py": "from app.a import thing\n",
         "app/lazy.py": "def f():\n    from app import lazy_back\n",
         "app/lazy_back.py": "from app import lazy\n",
+        "engine/__init__.py": "_EXPORTS = {'Engine': 'engine.llm'}\n",
+        "app/engine_user.py": """
+            from engine import Engine, inspect
+            from engine.inspect import read_gguf_summary
+            from engine import llm
+            from engine.formats.loader import resolve_device
+            def f():
+                from engine.model import quant
+        """,
     })
     sites = list(import_sites(root))
     assert sorted(layering_violations(sites)) == [
@@ -82,6 +99,13 @@ def test_each_rule_catches_a_planted_violation(tmp_path):
         "ui.window:3: from engine import _private_module",
     ]
     assert private_attribute_violations(root) == ["ui.window:5: ._closed"]
+    assert sorted(public_engine_violations(sites, engine_exports(root))) == [
+        "app.engine_user:4: from engine import llm",
+        "app.engine_user:5: from engine.formats.loader import resolve_device",
+        "app.engine_user:7: from engine.model import quant",
+        "app.view:2: from engine.core import _hidden",
+        "ui.window:3: from engine import _private_module",
+    ]
     # a <-> b at load time is a cycle, and so is engine.core -> app.settings -> app.view -> engine.core;
     # lazy <-> lazy_back is not (one side imports inside a function).
     assert sorted(cycles(sites)) == [["app.a", "app.b"], ["app.settings", "app.view", "engine.core"]]

@@ -65,6 +65,13 @@ FAMILIES = {
         ("<unk>", "<s>", "</s>", "<|endoftext|>", "<|assistant|>", "<|system|>", "<|end|>", "<|user|>"),
         "<s>", "<|endoftext|>", "<|end|>",
     ),
+    # Phi-4-mini: Phi3ForCausalLM (LongRoPE, partial rotary), its own template.
+    "phi4_mini": FamilyTemplate(
+        "microsoft-Phi-4-mini-instruct.jinja",
+        ("<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<|tool|>", "<|/tool|>",
+         "<|tool_call|>", "<|/tool_call|>", "<|tool_response|>"),
+        "<|endoftext|>", "<|endoftext|>", "<|end|>",
+    ),
     "granite": FamilyTemplate(
         "ibm-granite-granite-3.3-2B-Instruct.jinja",
         ("<|end_of_text|>", "<|start_of_role|>", "<|end_of_role|>", "<|tool_call|>"),

@@ -268,6 +268,20 @@ def test_gemma_config_follows_llama_cpp_defaults(tmp_path: Path) -> None:
         np.testing.assert_allclose(weights[name], hf.state_dict()[name].numpy(), atol=1e-6, err_msg=name)
 
 
+@pytest.mark.parametrize("layers", [4, 7])
+def test_gemma3_sliding_pattern_on_either_side_of_the_layer_count(layers: int, tmp_path: Path) -> None:
+    """Gemma 3's default period (6) in a file of fewer layers leaves every
+    layer sliding, as llama.cpp's set_swa_pattern reads it; with more, the
+    sixth is global and the pattern starts again."""
+    hf = tiny_model(transformers.Gemma3TextConfig(**{**SMALL, "num_hidden_layers": layers}, head_dim=24,
+                                                  query_pre_attn_scalar=24, sliding_window=5))
+    write_like_the_converter(tmp_path / "m.gguf", "gemma3", hf, Q.F32)
+    config = read_json(import_gguf(tmp_path / "m.gguf", tmp_path / "out") / "config.json")
+    assert config["layer_types"] == [
+        "full_attention" if i % 6 == 5 else "sliding_attention" for i in range(layers)
+    ]
+
+
 @pytest.mark.parametrize("family", ["gemma3", "qwen3"])
 def test_the_details_predict_what_the_import_holds(family: str, tmp_path: Path) -> None:
     """The model details read the GGUF header only (app/models/checks.py);

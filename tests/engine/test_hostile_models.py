@@ -584,13 +584,13 @@ def test_a_file_of_short_strings_ends_in_one_line_under_a_memory_limit(tmp_path:
 
 
 def test_the_apps_summary_of_metadata_of_the_wrong_type_is_a_model_error(tmp_path: Path) -> None:
-    from app.models.checks import read_gguf_summary
+    from app.models.checks import gguf_shape, read_gguf_summary
     from app.models.errors import CorruptGGUFError
 
     path = tmp_path / "m.gguf"
     write_with_metadata(path, {"llama.attention.head_count": ("four", V.STRING, None)})
     with pytest.raises(CorruptGGUFError, match="'llama.attention.head_count' is 'four', not a whole number"):
-        read_gguf_summary(path).shape()
+        gguf_shape(read_gguf_summary(path))
     write_with_metadata(path, {"general.architecture": (["llama"], V.ARRAY, V.STRING)})
     assert read_gguf_summary(path).architecture == "unknown"
 

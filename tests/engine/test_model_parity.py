@@ -253,3 +253,77 @@ def test_missing_weight_is_named(tmp_path: Path) -> None:
 def test_missing_folder(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match="not found"):
         load_model(tmp_path / "nope", "cpu", "float32")
+
+
+def _save_tiny_gemma3_multimodal(folder: Path) -> torch.nn.Module:
+    """A Gemma 3 4B-style checkpoint: the text model beside a vision tower,
+    as transformers saves Gemma3ForConditionalGeneration."""
+    text = ARCHS["gemma3-local-global-rope"]().to_dict()
+    vision = transformers.SiglipVisionConfig(
+        hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14,
+    )
+    config = transformers.Gemma3Config(
+        text_config=text, vision_config=vision.to_dict(), mm_tokens_per_image=4,
+        image_token_index=96, boi_token_index=95, eoi_token_index=94,
+    )
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.Gemma3ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    model.save_pretrained(folder)
+    return model
+
+
+@pytest.mark.parametrize("naming", ["language_model.model", "model.language_model"])
+def test_a_multimodal_gemma3_folder_runs_its_text_model(naming: str, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from engine import inspect
+
+    hf = _save_tiny_gemma3_multimodal(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    assert any(name.startswith("vision_tower.") for name in weights)
+    if naming == "model.language_model":  # transformers >= 4.52 exports
+        weights = {
+            name.replace("language_model.model.", "model.language_model.").replace("vision_tower.", "model.vision_tower.")
+            .replace("multi_modal_projector.", "model.multi_modal_projector."): t for name, t in weights.items()
+        }
+        save_file(weights, tmp_path / "model.safetensors")
+
+    # Checked before a load as the model manager checks it: the text model only.
+    config = inspect.ModelConfig.from_folder(tmp_path)
+    headers = inspect.read_folder_headers(tmp_path)
+    inspect.check_folder_weights(tmp_path, config, headers)
+    assert config.model_type == "gemma3_text" and not any("vision" in name for name in headers)
+
+    model = load_model(tmp_path, "cpu", "float32")
+    ids = [random.Random(2).randrange(TINY["vocab_size"]) for _ in range(11)]
+    runner = ModelRunner(model, model.new_kv_cache(8, 4))
+    logits = _run(runner, [], [_chunk(ids, [0, 1, 2], 0, len(ids))])
+    torch.testing.assert_close(logits, _hf_logits(hf, ids), atol=2e-4, rtol=1e-4)
+
+
+def test_a_gemma3_4b_config_json_gets_the_text_config_defaults() -> None:
+    from engine.model.config import ModelConfig
+
+    # google/gemma-3-4b-it's config.json: the text model gives only what
+    # differs from Gemma3TextConfig's defaults.
+    raw = {
+        "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+        "boi_token_index": 255999, "eoi_token_index": 256000, "image_token_index": 262144,
+        "mm_tokens_per_image": 256, "initializer_range": 0.02,
+        "text_config": {
+            "hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+            "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024,
+        },
+        "vision_config": {"hidden_size": 1152, "model_type": "siglip_vision_model", "num_hidden_layers": 27},
+    }
+    config = ModelConfig.from_dict(raw)
+    assert (config.model_type, config.vocab_size, config.hidden_size, config.num_hidden_layers) == (
+        "gemma3_text", 262208, 2560, 34)
+    assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (8, 4, 256)
+    assert config.sliding_window == 1024 and config.local_rope_theta == 10_000.0 and config.rope_theta == 1_000_000.0
+    assert config.sliding_layers == tuple((i + 1) % 6 != 0 for i in range(34))
+    assert config.tie_word_embeddings

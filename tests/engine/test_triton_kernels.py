@@ -347,8 +347,13 @@ def write_random_gemma2(folder: Path) -> Path:
 @in_process
 @pytest.mark.parametrize(
     "heads,kv_heads,head_dim,window",
-    [(4, 2, 16, None), (3, 1, 16, 5), (3, 1, 16, "gemma2")],
-    ids=["gqa2", "gqa3-window5", "gemma2-mixed-windows-softcap"],
+    [(4, 2, 16, None), (3, 1, 16, 5), (3, 1, 16, "gemma2"),
+     # The other families' blocks (tests/engine/test_model_parity.py ARCHS): q/k norms, Gemma 3's local and
+     # global layers on their own RoPE bases, LongRoPE with partial rotary (Granite's multipliers are
+     # scalars of the torch code both runners share).
+     *((None, None, None, arch) for arch in ("qwen3", "gemma3-local-global-rope",
+                                             "phi3-longrope-long-partial-rotary"))],
+    ids=["gqa2", "gqa3-window5", "gemma2-mixed-windows-softcap", "qwen3", "gemma3", "phi3-partial-rotary"],
 )
 def test_kernel_runner_matches_the_cpu_runner(tmp_path, heads, kv_heads, head_dim, window) -> None:
     """The CUDA path's runner, run by the interpreter on the CPU, computes the
@@ -361,6 +366,11 @@ def test_kernel_runner_matches_the_cpu_runner(tmp_path, heads, kv_heads, head_di
 
     if window == "gemma2":
         folder = write_random_gemma2(tmp_path / "m")
+    elif isinstance(window, str):
+        from tests.engine.test_model_parity import ARCHS, _save_tiny
+
+        folder = tmp_path / "m"
+        _save_tiny(ARCHS[window](), folder)
     else:
         folder = write_random_llama(
             tmp_path / "m", heads=heads, kv_heads=kv_heads, head_dim=head_dim, window=window, seed=3

@@ -41,7 +41,7 @@ from app.settings import (
     Settings,
     check_value,
 )
-from engine.runner.threads import available_cores
+from engine.inspect import available_cores
 from engine.params import InvalidSamplingParams
 from ui.theme import is_dark
 from ui.widgets.sampling_form import SamplingForm

@@ -45,7 +45,7 @@ class WindowModels:
             except Exception:
                 pass
         if model_id == "default":
-            from engine.formats.default_model import DEFAULT_MODEL_NAME
+            from engine.model_files import DEFAULT_MODEL_NAME
 
             return DEFAULT_MODEL_NAME
         engine = workspace.engine_for(model_id)

@@ -14,7 +14,7 @@ from PySide6.QtGui import QPainter, QPaintEvent
 from PySide6.QtWidgets import QLabel, QStatusBar, QWidget
 
 if TYPE_CHECKING:
-    from engine.llm import EngineStats
+    from engine import EngineStats
 
 STATS_INTERVAL_MS = 500
 # Room between a flashed message and the permanent text, in average characters.

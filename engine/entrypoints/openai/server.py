@@ -8,11 +8,14 @@ Endpoints: `GET /v1/models`, `GET /v1/models/{id}`, `POST
 /v1/chat/completions`, `POST /v1/completions` (streaming as server-sent
 events ending in `data: [DONE]`, or one JSON answer), plus `GET /health`.
 
-This module is the package's front door: the names other layers use,
+This module is the package's front door, and the one module of it that the
+app imports (tests/architecture): the names other layers use,
 re-exported from where they live (one concept a module, as vLLM's
 `entrypoints/openai` is split):
 
     protocol.py      request parsing and checking; every response body, chunk and error
+    tools.py         response_format, tools, tool_choice and tool turns read; a reply's tool
+                     calls as `tool_calls` (whole or streamed); the grammar of a forced call
     request_body.py  reading a request's JSON body, bounded (size, time, items), decoded off the loop
     models.py        ServedModels (model id -> Engine), GET /v1/models[/{id}], /health
     choices.py       the engine side of one call: n choices sharing prompt pages, waiting, aborting
@@ -44,14 +47,17 @@ from __future__ import annotations
 
 from engine.entrypoints.openai.app import create_app
 from engine.entrypoints.openai.gate import ExposedWithoutKeyError, GatePolicy, is_loopback, require_key_beyond_loopback
-from engine.entrypoints.openai.models import ServedModels, model_name_for, served_models
+from engine.entrypoints.openai.models import ServedModels, model_name_for, served_model_id, served_models
 from engine.entrypoints.openai.request_body import MAX_BODY_BYTES
+from engine.entrypoints.openai.request_log import RequestCallback, RequestRecord
 from engine.entrypoints.openai.serving import RunningServer, bind, serve_in_thread, uvicorn_server
 
 __all__ = [
     "ExposedWithoutKeyError",
     "GatePolicy",
     "MAX_BODY_BYTES",
+    "RequestCallback",
+    "RequestRecord",
     "RunningServer",
     "ServedModels",
     "bind",
@@ -61,5 +67,6 @@ __all__ = [
     "require_key_beyond_loopback",
     "serve_in_thread",
     "uvicorn_server",
+    "served_model_id",
     "served_models",
 ]

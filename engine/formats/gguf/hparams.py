@@ -103,7 +103,9 @@ def _layer_types(meta: GGUFMetadata, arch: str, layers: int, default_pattern: in
         sliding = [bool(flag) for flag in flags]
     else:
         period = meta.integer(key, default_pattern)
-        if not 0 <= period <= layers + 1:
+        # A period longer than the model (Gemma 3's default 6 in a file of
+        # fewer layers) leaves every layer sliding, as llama.cpp reads it.
+        if period < 0:
             raise InvalidModelConfigError(f"{meta.source.name}: {key} is {shown_value(period)}; the file is corrupt.")
         sliding = [period == 0 or i % period < period - 1 for i in range(layers)]
     return ["sliding_attention" if flag else "full_attention" for flag in sliding]

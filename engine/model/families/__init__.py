@@ -5,6 +5,9 @@ strings elsewhere."""
 from __future__ import annotations
 
 from engine.model.families import gemma2, gemma3, granite, llama, phi3, qwen2, qwen3
+from collections.abc import Mapping
+from typing import Any
+
 from engine.model.families.base import Family, GGUFNames, LayerNames
 
 FAMILIES: tuple[Family, ...] = tuple(
@@ -13,13 +16,14 @@ FAMILIES: tuple[Family, ...] = tuple(
 _BY_MODEL_TYPE = {model_type: family for family in FAMILIES for model_type in family.model_types}
 _BY_GGUF_ARCH = {arch: family for family in FAMILIES for arch in family.gguf_architectures}
 _BY_NAME = {family.name: family for family in FAMILIES}
+_BY_MULTIMODAL_TYPE = {family.multimodal.model_type: family for family in FAMILIES if family.multimodal is not None}
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(_BY_MODEL_TYPE)
 SUPPORTED_GGUF_ARCHITECTURES: tuple[str, ...] = tuple(_BY_GGUF_ARCH)
 
 __all__ = [
     "FAMILIES", "Family", "GGUFNames", "LayerNames", "SUPPORTED_GGUF_ARCHITECTURES", "SUPPORTED_MODEL_TYPES",
-    "family_named", "for_gguf_architecture", "for_model_type", "supported_titles",
+    "family_named", "for_gguf_architecture", "for_model_type", "supported_titles", "text_model_config",
 ]
 
 
@@ -39,3 +43,19 @@ def supported_titles() -> str:
     """"Llama, Qwen2, ... and Granite", for messages."""
     titles = [family.title for family in FAMILIES]
     return f"{', '.join(titles[:-1])} and {titles[-1]}"
+
+
+def text_model_config(raw: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The config of the model Tandem runs: `raw` itself, or for a
+    multimodal config.json (Gemma 3 4B+: model_type "gemma3") its text
+    model's, the text config class's defaults filled in and the wrapper's
+    top-level tie of the embeddings kept."""
+    model_type = raw.get("model_type")
+    family = _BY_MULTIMODAL_TYPE.get(model_type) if isinstance(model_type, str) else None
+    text = raw.get("text_config")
+    if family is None or family.multimodal is None or not isinstance(text, Mapping):
+        return raw
+    merged = {**family.multimodal.text_defaults, **text, "model_type": family.model_types[0]}
+    if "tie_word_embeddings" in raw and "tie_word_embeddings" not in text:
+        merged["tie_word_embeddings"] = raw["tie_word_embeddings"]
+    return merged

@@ -71,6 +71,18 @@ class GGUFNames:
     norms_shifted: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class MultimodalWrapper:
+    """A Hugging Face model_type whose config.json nests this family's text
+    model under `text_config`, beside a vision model (Gemma 3 4B and up:
+    "gemma3"). Tandem runs the text model and leaves the vision tower
+    unread; `text_defaults` are the text config class's defaults, which such
+    a config.json leaves out (transformers fills them from the class)."""
+
+    model_type: str
+    text_defaults: Mapping[str, Any]
+
+
 # A family's reader of config.json: the raw dict in, the block features out
 # (the keyword arguments of ModelConfig it sets beyond the common ones).
 FeatureReader = Callable[[Mapping[str, Any], str], dict[str, Any]]
@@ -89,6 +101,11 @@ class Family:
     hub_tags: tuple[str, ...] = ()
     # Whether q/k/v carry biases by design (Qwen2), whatever the config says.
     qkv_bias_always: bool = False
+    # How the family's instruct models write tool calls (a format of
+    # engine.model.tool_calls), where the chat template's markers do not say.
+    tool_calls: str = "hermes"
+    # A multimodal model_type whose text model this family runs.
+    multimodal: MultimodalWrapper | None = None
 
     @property
     def gguf_architectures(self) -> tuple[str, ...]:

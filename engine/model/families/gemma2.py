@@ -25,4 +25,5 @@ FAMILY = Family(
     gguf=GGUFNames(architectures=("gemma2",), layer_tensors=GEMMA2_GGUF_TENSORS, norms_shifted=True),
     read_features=_features,
     hub_tags=("gemma2",),
+    tool_calls="json",
 )

@@ -36,4 +36,5 @@ FAMILY = Family(
     gguf=GGUFNames(architectures=("granite",), permutes_qk=True),
     read_features=_features,
     hub_tags=("granite",),
+    tool_calls="tool_call_tag",
 )

@@ -16,4 +16,5 @@ FAMILY = Family(
     gguf=GGUFNames(architectures=("llama",), permutes_qk=True),
     read_features=no_features,
     hub_tags=("llama", "mistral"),
+    tool_calls="llama3_json",
 )

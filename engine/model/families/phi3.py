@@ -23,4 +23,5 @@ FAMILY = Family(
     gguf=GGUFNames(architectures=("phi3",), layer_tensors=_GGUF_TENSORS),
     read_features=no_features,
     hub_tags=("phi3",),
+    tool_calls="tool_call_tag",
 )
