@@ -123,11 +123,12 @@ class DecoderModel:
         ]
         self.batch_invariant = False
         # Whether steps may run the native CPU path (_forward_native): every
-        # product quantized, on the CPU.
+        # product quantized, on the CPU (a fused q/k/v or gate/up may mix formats).
         self.native_forward = self.device.type == "cpu" and all(
-            isinstance(p, QuantLinear)
+            isinstance(layer.o, QuantLinear) and isinstance(layer.down, QuantLinear)
+            and all(isinstance(p, QuantLinear) or (isinstance(p, ConcatLinear) and p.runs_natively)
+                    for p in (layer.qkv, layer.gate_up))
             for layer in layers
-            for p in (layer.qkv, layer.o, layer.gate_up, layer.down)
         )
         if self.native_forward and isinstance(lm_head, QuantLinear):
             # The kernels take float32 rows and round them to int8 groups

@@ -604,6 +604,32 @@ class ConcatLinear:
     def tiled(self, x: torch.Tensor, rows: int) -> torch.Tensor:
         return torch.cat([p.tiled(x, rows) for p in self.parts], dim=-1)
 
+    @property
+    def runs_natively(self) -> bool:
+        return all(isinstance(p, QuantLinear) for p in self.parts)
+
+    def product_into(
+        self,
+        x: torch.Tensor,
+        out: torch.Tensor,
+        *,
+        input_op: str | None = None,
+        norm_weight: torch.Tensor | None = None,
+        eps: float = 0.0,
+    ) -> None:
+        """QuantLinear.product_into with each part's outputs in its own
+        columns of `out` (llama.cpp's Q4_K_M keeps v, and some layers' down,
+        at 6-8 bits beside 4-bit q and k). Every output element is its own
+        part's, with the bits a fused product of that format gives. Only
+        the input ops: a fused q/k/v or gate/up has no output ops."""
+        start = 0
+        for part in self.parts:
+            width = part.out_features
+            piece = out.new_empty(out.shape[0], width)
+            part.product_into(x, piece, input_op=input_op, norm_weight=norm_weight, eps=eps)
+            out[:, start : start + width].copy_(piece)
+            start += width
+
 
 def cpu_kernel_available() -> bool:
     """Whether quantized weights can run as they are on this CPU: the native

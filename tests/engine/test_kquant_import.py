@@ -26,7 +26,7 @@ from engine import Engine, SamplingParams
 from engine.core.scheduler import ScheduledChunk, ScheduleResult
 from engine.formats.gguf.importer import import_gguf
 from engine.formats.loader import dequantized_copy, load_model, quantized_formats
-from engine.model.quant import QuantLinear, cpu_kernel_available
+from engine.model.quant import ConcatLinear, QuantLinear, cpu_kernel_available
 from engine.model.quant_formats import PACK_ROWS, RAW_BLOCK_FORMATS
 from engine.runner.cpu import ModelRunner
 from tests.engine.random_llama import FakeSequence
@@ -107,6 +107,14 @@ def test_kquant_folder_computes_as_its_blocks_dequantized(kquant_file: tuple[Pat
         pytest.skip("no native CPU kernel here: the quantized path is the dequantized one")
     model = load_model(folder, "cpu", "float32")
     assert isinstance(model.layers[0].down, QuantLinear) and model.layers[0].down.format == "q6_k"
+    # Layer 0's v is q6_k beside q4_k q and k (as Q4_K_M mixes them): still the native path, its parts
+    # side by side with the bits each format's fused product gives.
+    qkv = model.layers[0].qkv
+    assert isinstance(qkv, ConcatLinear) and model.native_forward
+    x = torch.randn(3, MODEL.hidden, generator=torch.Generator().manual_seed(4))
+    fused = torch.empty(3, qkv.out_features)
+    qkv.product_into(x, fused)
+    assert torch.equal(fused, torch.cat([part(x) for part in qkv.parts], dim=-1))
     # On the kernels (int8 activations, rounded again at every product of
     # this model's outsized random weights) the logits stay near the float
     # ones: a block read wrong would move them by their whole size.
