@@ -68,6 +68,7 @@ from app.store.records import (
     unpack_ids,
 )
 from app.store.schema import SCHEMA_VERSION
+from engine import reasoning
 
 if TYPE_CHECKING:
     from app.secrets import Secrets
@@ -97,7 +98,10 @@ _SESSION_KEY = "session"
 
 
 def _collapse(text: str) -> str:
-    return " ".join(text.split())[:PREVIEW_CHARS]
+    """A message's start for the sidebar: a reply's answer, or where the
+    stored start is all reasoning, that reasoning without its tags."""
+    parts = reasoning.split_reply(text)
+    return " ".join((parts.answer or parts.reasoning).split())[:PREVIEW_CHARS]
 
 
 class ChatStore:

@@ -42,6 +42,7 @@ class Demo:
     config: dict
     template: str  # a published template (tests/engine/data/templates)
     specials: tuple[str, ...]  # added to the default model's tokenizer
+    plain_tokens: tuple[str, ...]  # added too, not special (shown in replies)
     bos: str | None
     end_of_turn: str
     answer: str
@@ -49,18 +50,18 @@ class Demo:
 
 DEMOS = (
     Demo("Qwen3 (small demo)", "Qwen3Config", dict(head_dim=64, tie_word_embeddings=True),
-         "Qwen-Qwen3-0.6B.jinja", ("<think>", "</think>"), None, "<|im_end|>",
+         "Qwen-Qwen3-0.6B.jinja", (), ("<think>", "</think>"), None, "<|im_end|>",
          "<think>\nThey ask about a kind of bicycle. Tandem means one behind the other, so: two riders, "
          "one frame, both pedalling.\n</think>\n\nA tandem bicycle is built for two riders who sit one "
          "behind the other and pedal together."),
     Demo("Gemma 3 (small demo)", "Gemma3TextConfig",
          dict(head_dim=64, query_pre_attn_scalar=64, sliding_window=16,
               layer_types=["sliding_attention", "full_attention"]),
-         "google-gemma-3-4b-it.jinja", ("<bos>", "<start_of_turn>", "<end_of_turn>"), "<bos>", "<end_of_turn>",
+         "google-gemma-3-4b-it.jinja", ("<bos>", "<start_of_turn>", "<end_of_turn>"), (), "<bos>", "<end_of_turn>",
          "A tandem is a bicycle for two: the captain in front steers, the stoker behind pedals along."),
     Demo("Llama (small demo)", "LlamaConfig", dict(tie_word_embeddings=True),
          "meta-llama-Llama-3.2-3B-Instruct.jinja",
-         ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+         ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"), (),
          "<|begin_of_text|>", "<|eot_id|>",
          "It is a bicycle with two seats and two sets of pedals on one long frame."),
 )
@@ -79,6 +80,8 @@ def make_demo(demo: Demo, folder: Path) -> Path:
     base = resolve_model("default")
     backend = HFTokenizer.from_file(str(base / "tokenizer.json"))
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in demo.specials])
+    # As Qwen3's tokenizer.json has them: added tokens, not special ones, so replies keep them as text.
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in demo.plain_tokens])
     backend.save(str(folder / "tokenizer.json"))
     settings = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": demo.end_of_turn,
                 "chat_template": (TEMPLATES / demo.template).read_text(encoding="utf-8")}

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from app.store import chat_store
 from app.store import export as chat_export
 from app.store.chat_store import (
     SCHEMA_VERSION,
@@ -194,6 +195,9 @@ def test_search_titles_and_text_newest_first(store: ChatStore) -> None:
     assert (summary.title, summary.message_count, summary.model_id, summary.preview) == (
         "Other", 2, "default", "a snake_case name"
     )
+    # A reasoning reply is previewed by its answer, or by its reasoning, untagged, where that is all there is.
+    assert chat_store._collapse("<think>\nHmm.\n</think>\n\nA bicycle for two.") == "A bicycle for two."
+    assert chat_store._collapse("<think>\nThey ask about a kind of") == "They ask about a kind of"
 
     conv = store.load_conversation(trip)
     conv.append_user("More")

@@ -28,6 +28,7 @@ import pytest
 
 from engine.llm import Engine
 from engine.entrypoints.openai import protocol as proto
+from engine.entrypoints.openai import responses
 from engine.entrypoints.openai.server import (
     MAX_BODY_BYTES,
     RunningServer,
@@ -485,8 +486,8 @@ def test_unknown_routes_and_methods_get_json_errors(server: RunningServer) -> No
 
 
 def test_chat_chunks_name_the_role_once_and_end_with_usage() -> None:
-    head = proto.ResponseHead("chatcmpl-1", 1_700_000_000, "m")
-    chunks = proto.ChatChunks(head, include_usage=True)
+    head = responses.ResponseHead("chatcmpl-1", 1_700_000_000, "m")
+    chunks = responses.ChatChunks(head, include_usage=True)
     first, second = chunks.text(0, "Hel"), chunks.text(0, "lo")
     assert first["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": "Hel"},
                                  "logprobs": None, "finish_reason": None}]
@@ -501,16 +502,16 @@ def test_chat_chunks_name_the_role_once_and_end_with_usage() -> None:
         assert chunk["id"] == "chatcmpl-1" and chunk["object"] == "chat.completion.chunk"
         assert chunk["created"] == 1_700_000_000 and chunk["model"] == "m"
         assert chunk["usage"] is None  # include_usage: null on every chunk but the last
-    last = chunks.usage(proto.usage(prompt_tokens=5, completion_tokens=3, cached_tokens=2))
+    last = chunks.usage(responses.usage(prompt_tokens=5, completion_tokens=3, cached_tokens=2))
     assert last["choices"] == []
     assert last["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8,
                              "prompt_tokens_details": {"cached_tokens": 2}}
-    assert "usage" not in proto.ChatChunks(head, include_usage=False).text(0, "x")
+    assert "usage" not in responses.ChatChunks(head, include_usage=False).text(0, "x")
 
 
 def test_completion_bodies_number_the_choices() -> None:
-    head = proto.ResponseHead("cmpl-1", 1_700_000_000, "m")
-    chunks = proto.CompletionChunks(head, include_usage=False)
+    head = responses.ResponseHead("cmpl-1", 1_700_000_000, "m")
+    chunks = responses.CompletionChunks(head, include_usage=False)
     assert chunks.text(3, "ab")["choices"] == [{"index": 3, "text": "ab", "logprobs": None, "finish_reason": None}]
     end = chunks.finish(3, "stop")
     assert end["object"] == "text_completion" and "usage" not in end
@@ -522,11 +523,11 @@ def test_completion_bodies_number_the_choices() -> None:
         finish_reason: str
 
     outputs = [Finished("a", "stop"), Finished("b", "length")]
-    usage = proto.usage(prompt_tokens=2, completion_tokens=2, cached_tokens=0)
-    answer = proto.completion(head, outputs, usage)
+    usage = responses.usage(prompt_tokens=2, completion_tokens=2, cached_tokens=0)
+    answer = responses.completion(head, outputs, usage)
     assert answer["object"] == "text_completion" and answer["usage"] == usage
     assert [(c["index"], c["text"], c["finish_reason"]) for c in answer["choices"]] == [(0, "a", "stop"), (1, "b", "length")]
-    chat = proto.chat_completion(proto.ResponseHead("chatcmpl-2", 1, "m"), outputs, usage)
+    chat = responses.chat_completion(responses.ResponseHead("chatcmpl-2", 1, "m"), outputs, usage)
     assert chat["object"] == "chat.completion"
     assert [c["message"] for c in chat["choices"]] == [{"role": "assistant", "content": "a"},
                                                         {"role": "assistant", "content": "b"}]
@@ -760,8 +761,8 @@ def test_a_reasoning_models_think_block_comes_apart_as_reasoning_content(thinkin
 
 
 def test_chat_chunks_split_reasoning_from_the_answer_across_deltas() -> None:
-    head = proto.ResponseHead("chatcmpl-1", 1_700_000_000, "m")
-    chunks = proto.ChatChunks(head, include_usage=False, starts_in_reasoning=False)
+    head = responses.ResponseHead("chatcmpl-1", 1_700_000_000, "m")
+    chunks = responses.ChatChunks(head, include_usage=False, starts_in_reasoning=False)
     pieces = ["<th", "ink>\nAdd", " them.</thi", "nk>\n\n", "It is 4", "."]
     sent = [chunks.text(0, piece) for piece in pieces]
     deltas = [chunk["choices"][0]["delta"] for chunk in sent if chunk is not None]
@@ -771,12 +772,12 @@ def test_chat_chunks_split_reasoning_from_the_answer_across_deltas() -> None:
     assert "".join(d.get("content", "") for d in deltas) == "It is 4."
     assert chunks.finish(0, "stop")["choices"][0]["delta"] == {}
     # Held back at the end (a partial tag that never closed) comes with the finish.
-    unfinished = proto.ChatChunks(head, include_usage=False, starts_in_reasoning=True)
+    unfinished = responses.ChatChunks(head, include_usage=False, starts_in_reasoning=True)
     assert unfinished.text(0, "Hmm </th") is not None
     assert unfinished.finish(0, "length")["choices"][0]["delta"] == {"reasoning_content": " </th"}
-    whole = proto.chat_completion(head, [dataclasses.make_dataclass("O", ["text", "finish_reason"])(
+    whole = responses.chat_completion(head, [dataclasses.make_dataclass("O", ["text", "finish_reason"])(
         "Add them.\n</think>\n\nIt is 4.", "stop")], {}, starts_in_reasoning=True)
     assert whole["choices"][0]["message"] == {"role": "assistant", "content": "It is 4.",
                                               "reasoning_content": "Add them."}
     # A model that does not reason answers as before, without the field.
-    assert "reasoning_content" not in proto.chat_message("<think>x</think>y", None)
+    assert "reasoning_content" not in responses.chat_message("<think>x</think>y", None)

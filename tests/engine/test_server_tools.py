@@ -19,7 +19,7 @@ import openai
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.entrypoints.openai import protocol as proto
+from engine.entrypoints.openai import responses
 from engine.entrypoints.openai.server import RunningServer, model_name_for, serve_in_thread
 from engine.llm import Engine
 from engine.model.tool_calls import FORMATS
@@ -250,8 +250,8 @@ def test_schemas_the_grammar_cannot_run_are_refused_and_the_server_goes_on(
 
 
 def test_stream_chunks_hold_a_possible_call_and_send_each_call_whole() -> None:
-    head = proto.ResponseHead("chatcmpl-1", 1, "m")
-    chunks = proto.ChatChunks(head, include_usage=False, tools=FORMATS["mistral"], markers={7: "[TOOL_CALLS]"})
+    head = responses.ResponseHead("chatcmpl-1", 1, "m")
+    chunks = responses.ChatChunks(head, include_usage=False, tools=FORMATS["mistral"], markers={7: "[TOOL_CALLS]"})
     deltas = [chunks.text(0, "Sure. "), chunks.text(0, "", [7]), chunks.text(0, '[{"name": "get_time", '),
               chunks.text(0, '"arguments": {"zone": "UTC"}}, {"name": "get_time", "arguments": {"zone": "CET"}}]'),
               chunks.finish(0, "stop")]
@@ -264,7 +264,7 @@ def test_stream_chunks_hold_a_possible_call_and_send_each_call_whole() -> None:
     assert deltas[4]["choices"][0]["finish_reason"] == "tool_calls"
 
     # A call that names itself first streams its arguments as they come.
-    hermes = proto.ChatChunks(head, include_usage=False, tools=FORMATS["hermes"])
+    hermes = responses.ChatChunks(head, include_usage=False, tools=FORMATS["hermes"])
     first = hermes.text(0, '<tool_call>\n{"name": "f", "arguments": {"a"')["choices"][0]["delta"]["tool_calls"]
     assert [(c["index"], c["type"], c["function"]) for c in first] == [
         (0, "function", {"name": "f", "arguments": '{"a"'})]
@@ -272,7 +272,7 @@ def test_stream_chunks_hold_a_possible_call_and_send_each_call_whole() -> None:
     assert more == [{"index": 0, "function": {"arguments": ": 1}"}}]
     assert hermes.finish(0, "stop")["choices"][0]["finish_reason"] == "tool_calls"
 
-    whole = proto.chat_completion(head, [_answer('Sure. [TOOL_CALLS][{"name": "f", "arguments": {}}]')],
+    whole = responses.chat_completion(head, [_answer('Sure. [TOOL_CALLS][{"name": "f", "arguments": {}}]')],
                                   {}, None, FORMATS["mistral"])
     choice = whole["choices"][0]
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "Sure."

@@ -11,6 +11,7 @@ from starlette.responses import JSONResponse, Response
 
 from engine import reasoning
 from engine.entrypoints.openai import protocol as proto
+from engine.entrypoints.openai import responses
 from engine.entrypoints.openai.choices import (
     check_constraint, encode_prompt, reply_limit, start_choices, wait_for_outputs,
 )
@@ -52,16 +53,16 @@ async def create_chat_completion(request: Request, models: ServedModels) -> Resp
     limit = reply_limit(engine, len(ids), sampling.max_tokens, None)
     choices = start_choices(engine, [ids], sampling, [limit], param="messages", model=req.model,
                             constraint_param=constraint_param)
-    head = proto.ResponseHead.new("chatcmpl", req.model)
+    head = responses.ResponseHead.new("chatcmpl", req.model)
     thinks = reasoning.reply_start(engine.tokenizer, ids)
     # A marker that is a special token (Mistral's [TOOL_CALLS]) is no part of a reply's text.
     markers = {token_id: text for text, token_id in special_markers(fmt, engine.tokenizer).items()} if fmt else {}
     if req.stream:
-        chunks = proto.ChatChunks(head, req.include_usage, thinks, fmt, markers)
+        chunks = responses.ChatChunks(head, req.include_usage, thinks, fmt, markers)
         return stream_choices(choices, chunks, req.model)
     outputs = await wait_for_outputs(request, choices, req.model)
     if outputs is None:
         return Response(status_code=proto.CLIENT_CLOSED_REQUEST)
     answers = [_Answer(text_with_markers(o.text, o.token_ids, markers, engine.tokenizer.decode), o.finish_reason)
                for o in outputs]
-    return JSONResponse(proto.chat_completion(head, answers, choices.usage(), thinks, fmt))
+    return JSONResponse(responses.chat_completion(head, answers, choices.usage(), thinks, fmt))

@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.types import Receive
 
 from engine.entrypoints.openai import protocol as proto
+from engine.entrypoints.openai import responses
 from engine.entrypoints.openai.protocol import APIError, SamplingFields
 from engine.errors import EngineClosedError, EngineError, PromptError
 from engine.params import InvalidSamplingParams, SamplingParams
@@ -124,7 +125,7 @@ class Choices:
     def usage(self) -> dict[str, Any]:
         # The prompt is billed once per prompt, not once per choice, as OpenAI does.
         firsts = [self.outputs[p * self.n] for p in range(len(self.prompts))]
-        return proto.usage(
+        return responses.usage(
             prompt_tokens=sum(len(ids) for ids in self.prompts),
             completion_tokens=sum(len(o.token_ids) for o in self.outputs if o is not None),
             cached_tokens=sum(o.metrics.cached_prompt_tokens for o in firsts if o is not None),

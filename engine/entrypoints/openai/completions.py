@@ -8,6 +8,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from engine.entrypoints.openai import protocol as proto
+from engine.entrypoints.openai import responses
 from engine.entrypoints.openai.choices import encode_prompt, reply_limit, start_choices, wait_for_outputs
 from engine.entrypoints.openai.models import ServedModels
 from engine.entrypoints.openai.request_body import read_request
@@ -25,10 +26,10 @@ async def create_completion(request: Request, models: ServedModels) -> Response:
         for ids in prompts
     ]
     choices = start_choices(engine, prompts, req.sampling, limits, param="prompt", model=req.model)
-    head = proto.ResponseHead.new("cmpl", req.model)
+    head = responses.ResponseHead.new("cmpl", req.model)
     if req.stream:
-        return stream_choices(choices, proto.CompletionChunks(head, req.include_usage), req.model)
+        return stream_choices(choices, responses.CompletionChunks(head, req.include_usage), req.model)
     outputs = await wait_for_outputs(request, choices, req.model)
     if outputs is None:
         return Response(status_code=proto.CLIENT_CLOSED_REQUEST)
-    return JSONResponse(proto.completion(head, outputs, choices.usage()))
+    return JSONResponse(responses.completion(head, outputs, choices.usage()))

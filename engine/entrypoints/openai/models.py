@@ -30,6 +30,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from engine.entrypoints.openai import protocol as proto
+from engine.entrypoints.openai import responses
 from engine.entrypoints.openai.request_log import note_model
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ class ServedModels:
                 raise TypeError(f"The model '{model_id}' maps to {type(engine).__name__}, not an Engine")
         with self._lock:
             old = self._served
-            now = proto.now()
+            now = responses.now()
             self._served = {
                 model_id: old[model_id] if model_id in old and old[model_id].engine is engine
                 else _Served(engine, now)
@@ -135,7 +136,7 @@ class ServedModels:
 
     def cards(self) -> list[dict[str, Any]]:
         """The model cards of the open engines, in the order they were given."""
-        return [proto.model_card(model_id, served.created) for model_id, served in self._served.items()
+        return [responses.model_card(model_id, served.created) for model_id, served in self._served.items()
                 if not served.engine.closed]
 
     def ids(self) -> list[str]:
@@ -172,7 +173,7 @@ def model_name_for(engine: Engine) -> str:
 
 async def list_models(request: Request, models: ServedModels) -> Response:
     """GET /v1/models"""
-    return JSONResponse(proto.model_list(models.cards()))
+    return JSONResponse(responses.model_list(models.cards()))
 
 
 async def retrieve_model(request: Request, models: ServedModels) -> Response:

@@ -13,7 +13,8 @@ app imports (tests/architecture): the names other layers use,
 re-exported from where they live (one concept a module, as vLLM's
 `entrypoints/openai` is split):
 
-    protocol.py      request parsing and checking; every response body, chunk and error
+    protocol.py      request parsing and checking; the errors
+    responses.py     every answer's body: JSON answers, stream chunks, usage, model cards
     tools.py         response_format, tools, tool_choice and tool turns read; a reply's tool
                      calls as `tool_calls` (whole or streamed); the grammar of a forced call
     request_body.py  reading a request's JSON body, bounded (size, time, items), decoded off the loop

@@ -17,6 +17,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from engine.entrypoints.openai import protocol as proto
+from engine.entrypoints.openai import responses
 from engine.entrypoints.openai.choices import Choices
 from engine.errors import EngineError
 
@@ -48,13 +49,13 @@ class EventStream(StreamingResponse):
                 await aclose()
 
 
-def stream_choices(choices: Choices, chunks: proto.StreamChunks, model: str) -> EventStream:
+def stream_choices(choices: Choices, chunks: responses.StreamChunks, model: str) -> EventStream:
     """The response streaming `choices` as `chunks` builds them; closing it
     (finished, client gone, server stopping) aborts what is still running."""
     return EventStream(_guarded(_events(choices, chunks, model), model), choices.abort)
 
 
-async def _events(choices: Choices, chunks: proto.StreamChunks, model: str) -> AsyncIterator[str]:
+async def _events(choices: Choices, chunks: responses.StreamChunks, model: str) -> AsyncIterator[str]:
     async for index, event in choices.events():
         if event.output is not None and event.output.error is not None:
             yield sse(proto.engine_failure(event.output.error, model).body())
