@@ -85,11 +85,12 @@ Head = Callable[[torch.Tensor], torch.Tensor]
 
 def round_to_int8_groups(x: torch.Tensor) -> torch.Tensor:
     """x with each group of 32 inputs rounded as quant_matmul.c `quantize_row`
-    does: to multiples of the group's largest magnitude / 127, half to even."""
+    does: levels of the group's largest magnitude / 127, half to even, times
+    that scale in fp16 (ggml's block_q8_0.d)."""
     groups = x.float().reshape(x.shape[0], -1, GROUP)
     scale = groups.abs().amax(dim=-1, keepdim=True) / 127.0
     levels = torch.where(scale > 0, torch.round(groups / scale), torch.zeros_like(groups)).clamp(-127, 127)
-    return (levels * scale).reshape(x.shape)
+    return (levels * scale.half().float()).reshape(x.shape)
 
 
 class Int8Inputs:

@@ -51,7 +51,8 @@ def rounded_to_int8_groups(x: torch.Tensor) -> torch.Tensor:
     scale = groups.abs().amax(-1, keepdim=True) / 127
     inverse = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
     levels = torch.round(groups * inverse).clamp(-127, 127)
-    return (levels.double() * scale.double()).reshape(x.shape)
+    # The levels come from the fp32 scale, the products use it in fp16 (ggml's block_q8_0.d).
+    return (levels.double() * scale.half().double()).reshape(x.shape)
 
 
 class Reference:

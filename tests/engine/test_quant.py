@@ -80,14 +80,18 @@ def test_quantized_product_is_within_the_format_bound(fmt: str, rows: int) -> No
 
 
 def test_the_kernel_rounds_inputs_like_llama_cpp() -> None:
-    # One-hot inputs are exact in int8 groups, so the product reads the
-    # weight's levels back: -127..127 of q8_0 must survive.
+    # A one-hot input is level 127 of its int8 group, whose scale the
+    # product uses in fp16 as ggml's block_q8_0 keeps it: fp16(1/127), not
+    # 1/127. The product then reads the weight's levels back: -127..127 of
+    # q8_0 must survive, each times that input.
     levels = torch.tensor([-127, -128 + 1, -16, -1, 0, 1, 15, 16, 127], dtype=torch.int8)
     data = levels.repeat(64)[: 2 * 128].view(2, 128)
     q = QuantizedTensor("q8_0", data, torch.full((2, 4), 0.5, dtype=torch.float16))
     layer = QuantLinear(q)
+    one = 127 * float(torch.tensor(1 / 127).half())
+    assert one != 1.0
     for rows in torch.eye(128).split(8):  # the kernel's path
-        torch.testing.assert_close(layer(rows), rows @ q.dequantize().T, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(layer(rows), (rows * one) @ q.dequantize().T, atol=1e-6, rtol=1e-6)
 
 
 def test_rows_that_are_not_a_multiple_of_the_kernel_block_are_computed() -> None:

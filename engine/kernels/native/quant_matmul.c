@@ -142,8 +142,39 @@ static inline float half_to_float(uint16_t h) {
 #endif
 }
 
+/* fp32 to fp16 bits, rounded to nearest even: F16C's _cvtss_sh(x, 0), and
+ * ggml's GGML_FP32_TO_FP16 in the portable build (bit for bit the same). */
+static inline uint16_t float_to_half(float f) {
+#if TANDEM_SIMD
+    return _cvtss_sh(f, 0);
+#else
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    const uint32_t sign = (x >> 16) & 0x8000u, mag = x & 0x7FFFFFFFu;
+    if (mag > 0x7F800000u) return (uint16_t)(sign | 0x7E00u); /* NaN */
+    if (mag >= 0x47800000u) return (uint16_t)(sign | 0x7C00u); /* 2^16 and up (and inf): inf */
+    uint32_t r, rem, half;
+    if (mag < 0x38800000u) { /* under 2^-14: a subnormal half (or zero) */
+        if (mag < 0x33000000u) return (uint16_t)sign; /* under 2^-25: zero */
+        const uint32_t shift = 126u - (mag >> 23), m = (mag & 0x7FFFFFu) | 0x800000u;
+        r = m >> shift;
+        rem = m & ((1u << shift) - 1u);
+        half = 1u << (shift - 1u);
+    } else {
+        r = ((mag >> 23) - 112u) << 10 | ((mag & 0x7FFFFFu) >> 13);
+        rem = mag & 0x1FFFu;
+        half = 0x1000u;
+    }
+    if (rem > half || (rem == half && (r & 1u))) r++; /* a carry moves into the exponent, as it should */
+    return (uint16_t)(sign | r);
+#endif
+}
+
 /* One row of x to int8 groups: q[K], scale[K/32], the sum of each group's
- * levels, and scale * that sum (what the q4_1 mins multiply). */
+ * levels, and scale * that sum (what the q4_1 mins multiply). The scale is
+ * kept as ggml's q8_0 / q8_1 blocks keep it, in fp16 (the levels are rounded
+ * with the fp32 one, as quantize_row_q8_0 does): the products then use the
+ * very numbers llama.cpp's do. */
 static void quantize_row(const float *x, int64_t K, int8_t *q, float *scale, int32_t *level_sum, float *scaled_sum) {
     for (int64_t g = 0; g < K / GROUP; g++) {
         const float *xg = x + g * GROUP;
@@ -161,9 +192,9 @@ static void quantize_row(const float *x, int64_t K, int8_t *q, float *scale, int
             q[g * GROUP + i] = (int8_t)v;
             sum += v;
         }
-        scale[g] = d;
+        scale[g] = half_to_float(float_to_half(d));
         level_sum[g] = sum;
-        scaled_sum[g] = d * (float)sum;
+        scaled_sum[g] = scale[g] * (float)sum;
     }
 }
 
