@@ -421,6 +421,10 @@ _MISSING = object()
         ({"stop": 7}, 400, "stop", "invalid_type"),
         ({"stream_options": {"include_usage": True}}, 400, "stream_options", "invalid_value"),
         ({"tools": [{"type": "retrieval"}]}, 400, "tools[0].type", "invalid_value"),
+        ({"chat_template_kwargs": ["enable_thinking"]}, 400, "chat_template_kwargs", "invalid_type"),
+        ({"chat_template_kwargs": {"enable thinking": False}}, 400, "chat_template_kwargs", "invalid_value"),
+        ({"chat_template_kwargs": {"tools": {"a": 1}}}, 400, "chat_template_kwargs.tools", "invalid_type"),
+        ({"chat_template_kwargs": {f"v{i}": 1 for i in range(17)}}, 400, "chat_template_kwargs", "array_above_max_length"),
         ({"model": "gpt-4o"}, 404, "model", "model_not_found"),
         ({"max_tokens": 100_000_000}, 400, "messages", "context_length_exceeded"),
         # Hostile bodies that once reached the server's 500 handler.
@@ -447,6 +451,26 @@ def test_malformed_requests_get_openai_errors(
     assert error["type"] == "invalid_request_error"
     assert error["param"] == param
     assert error["code"] == code
+
+
+def test_chat_template_kwargs_reach_the_template(client: openai.OpenAI, engine: Engine, model: str,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """As vLLM takes them: Qwen3's {"enable_thinking": false} reaches its template's variables."""
+    seen: list[Any] = []
+    encode_chat = engine.tokenizer.encode_chat
+
+    def observed(*args: Any, **kwargs: Any) -> list[int]:
+        seen.append(kwargs.get("template_kwargs"))
+        return encode_chat(*args, **kwargs)
+
+    monkeypatch.setattr(engine.tokenizer, "encode_chat", observed)
+    messages = [{"role": "user", "content": _unique("Hi")}]
+    with_kwargs = client.chat.completions.create(model=model, messages=messages, max_tokens=1,
+                                                 extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    plain = client.chat.completions.create(model=model, messages=messages, max_tokens=1)
+    assert seen[0] == {"enable_thinking": False}
+    # SmolLM2's template reads no such variable: the same prompt either way.
+    assert with_kwargs.usage.prompt_tokens == plain.usage.prompt_tokens
 
 
 def test_overlong_prompt_is_refused_with_the_reason(server: RunningServer, engine: Engine, model: str) -> None:

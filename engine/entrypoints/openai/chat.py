@@ -35,7 +35,7 @@ async def create_chat_completion(request: Request, models: ServedModels) -> Resp
     engine = models.require(req.model)
     offered = req.tools.offered if req.tools is not None else ()
     ids = await encode_prompt(engine, req.messages, "messages", parse_special_in_content=req.parse_special_tokens,
-                              tools=offered)
+                              tools=offered, template_kwargs=req.chat_template_kwargs)
     fmt = engine.tokenizer.tool_call_format if offered else None
     # The request parser refuses response_format beside offered tools: one grammar at most.
     constraint, constraint_param = req.response_format, "response_format"

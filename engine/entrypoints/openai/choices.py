@@ -140,7 +140,7 @@ class Choices:
 
 async def encode_prompt(
     engine: Engine, prompt: Any, param: str, *, parse_special_in_content: bool = False,
-    tools: Sequence[Mapping[str, Any]] = (),
+    tools: Sequence[Mapping[str, Any]] = (), template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[int]:
     """Token ids of one prompt (messages, text or ids; chat messages with the
     `tools` the model is offered); a 400 naming `param` when it cannot run.
@@ -155,7 +155,9 @@ async def encode_prompt(
                        param=param, code="context_length_exceeded")
     # Chat templates and tokenizers are CPU work: keep them off the event loop.
     try:
-        return await asyncio.to_thread(_encode_bounded, engine, prompt, param, parse_special_in_content, tools)
+        return await asyncio.to_thread(
+            _encode_bounded, engine, prompt, param, parse_special_in_content, tools, template_kwargs or {}
+        )
     except PromptError as exc:
         raise APIError(400, str(exc), param=param, code="invalid_prompt") from None
     except EngineError as exc:  # a broken chat template (TokenizerError)
@@ -163,7 +165,8 @@ async def encode_prompt(
 
 
 def _encode_bounded(
-    engine: Engine, prompt: Any, param: str, parse_special_in_content: bool, tools: Sequence[Mapping[str, Any]]
+    engine: Engine, prompt: Any, param: str, parse_special_in_content: bool, tools: Sequence[Mapping[str, Any]],
+    template_kwargs: Mapping[str, Any],
 ) -> list[int]:
     chars = prompt_chars(prompt) + sum(len(json.dumps(tool)) for tool in tools)
     limit = engine.max_context * max_chars_per_token(engine.tokenizer)
@@ -171,8 +174,9 @@ def _encode_bounded(
         raise APIError(400, f"The prompt is {chars:,} characters long; the model's context of "
                        f"{engine.max_context} tokens holds at most about {limit:,} characters of it. "
                        "Shorten it.", param=param, code="context_length_exceeded")
-    if tools:
-        return engine.tokenizer.encode_chat(prompt, parse_special_in_content=parse_special_in_content, tools=tools)
+    if tools or template_kwargs:
+        return engine.tokenizer.encode_chat(prompt, parse_special_in_content=parse_special_in_content,
+                                            tools=tools or None, template_kwargs=template_kwargs)
     return engine.encode_prompt(prompt, parse_special_in_content=parse_special_in_content)
 
 

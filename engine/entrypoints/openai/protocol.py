@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine.documents import user_message_with_documents
@@ -55,6 +55,9 @@ MAX_STOP_SEQUENCES = 16
 MAX_STOP_CHARS = 256
 # Served ids are short slugs; a shown name or an alias is a file name at most.
 MAX_MODEL_CHARS = 512
+# chat_template_kwargs: a few named switches, not a second prompt.
+MAX_TEMPLATE_KWARGS = 16
+MAX_TEMPLATE_KWARG_CHARS = 4096
 # How much of a client's text an error message quotes back.
 _QUOTED_CHARS = 80
 # The engine divides float32 logits by the penalty, so a tiny one overflows them
@@ -132,6 +135,8 @@ class ChatRequest:
     parse_special_tokens: bool = False
     tools: ToolRequest | None = None
     response_format: Constraint | None = None  # None: text
+    # Variables for the chat template, as vLLM takes them (Qwen3's {"enable_thinking": false}).
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -368,7 +373,28 @@ def parse_chat_request(body: Any) -> ChatRequest:
         parse_special_tokens=_bool(body, "parse_special_tokens", False),
         tools=tools,
         response_format=response_format,
+        chat_template_kwargs=_template_kwargs(body),
     )
+
+
+def _template_kwargs(body: Mapping[str, Any]) -> dict[str, Any]:
+    """`chat_template_kwargs`: names to plain values (null, booleans, numbers, short strings)."""
+    value = body.get("chat_template_kwargs")
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _wrong_type("chat_template_kwargs", "an object of template variables", value)
+    if len(value) > MAX_TEMPLATE_KWARGS:
+        raise _too_many("chat_template_kwargs", "template variables", len(value), MAX_TEMPLATE_KWARGS)
+    for name, item in value.items():
+        if not name.isidentifier() or len(name) > 64:
+            raise _invalid("chat_template_kwargs", f"{_quoted(name)} is not a template variable name.")
+        where = f"chat_template_kwargs.{name}"
+        if isinstance(item, str) and len(item) > MAX_TEMPLATE_KWARG_CHARS:
+            raise _too_long(where, len(item), MAX_TEMPLATE_KWARG_CHARS)
+        if not (item is None or isinstance(item, (bool, int, str)) or (isinstance(item, float) and math.isfinite(item))):
+            raise _wrong_type(where, "null, a boolean, a number or a string", item)
+    return dict(value)
 
 
 def _field_error(exc: ToolFieldError) -> APIError:
