@@ -210,15 +210,15 @@ class ChatStore:
     def _put_header(conn: sqlite3.Connection, header: HeaderRecord, now: float) -> None:
         conn.execute(
             """INSERT INTO conversations (id, title, created_at, updated_at, system_prompt, params,
-                                          model_id, context_policy, kept_ids)
-               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+                                          model_id, context_policy, kept_ids, thinking)
+               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                ON CONFLICT (id) DO UPDATE SET
                    title = excluded.title, updated_at = excluded.updated_at,
                    system_prompt = excluded.system_prompt, params = excluded.params,
                    model_id = excluded.model_id, context_policy = excluded.context_policy,
-                   kept_ids = excluded.kept_ids""",
+                   kept_ids = excluded.kept_ids, thinking = excluded.thinking""",
             (header.id, header.title, header.created_at, now, header.system_prompt, header.params,
-             header.model_id, header.context_policy, header.kept_ids),
+             header.model_id, header.context_policy, header.kept_ids, int(header.thinking)),
         )
 
     @staticmethod
@@ -470,13 +470,13 @@ class ChatStore:
         from app.workspace.conversation import Conversation, Message
 
         header = self._query_one(
-            """SELECT title, created_at, system_prompt, params, model_id, context_policy, kept_ids
+            """SELECT title, created_at, system_prompt, params, model_id, context_policy, kept_ids, thinking
                FROM conversations WHERE id = ?""",
             (conversation_id,),
         )
         if header is None:
             raise UnknownConversationError(conversation_id)
-        title, created_at, system_prompt, params_json, model_id, policy, kept_blob = header
+        title, created_at, system_prompt, params_json, model_id, policy, kept_blob, thinking = header
         rows = self._query(
             """SELECT position, role, text, token_ids, state, model_id, params, stats, error, created_at, turn_mark,
                       versions, system_prompt
@@ -522,6 +522,7 @@ class ChatStore:
             messages=messages,
             kept_ids=unpack_ids(kept_blob),
             turn_marks=marks,
+            thinking=thinking != 0,
         )
 
     def _attachments(self, conversation_id: str) -> dict[int, list[Document]]:

@@ -176,6 +176,7 @@ def to_json(conversation: Conversation) -> dict[str, Any]:
             "system_prompt": conversation.system_prompt,
             "model_id": conversation.model_id,
             "context_policy": conversation.context_policy,
+            "thinking": conversation.thinking,
             "params": params_to_dict(conversation.params),
             "messages": [_message_json(m) for m in conversation.messages],
         },
@@ -256,6 +257,9 @@ def _from_json(data: object) -> Conversation:
         raise ChatImportError(
             f"The conversation's \"context_policy\" must be one of {', '.join(CONTEXT_POLICIES)}, not {policy!r}."
         )
+    thinking = conv.get("thinking", True)  # files exported before it was saved: on
+    if not isinstance(thinking, bool):
+        raise ChatImportError(f"{where.capitalize()}: \"thinking\" must be true or false.")
     params = _params(conv.get("params"), where)
     if params is None:
         raise ChatImportError("The conversation has no sampling \"params\".")
@@ -275,6 +279,7 @@ def _from_json(data: object) -> Conversation:
         messages=messages,
         kept_ids=[],
         turn_marks=[None] * len(messages),
+        thinking=thinking,
     )
 
 

@@ -251,6 +251,11 @@ def migrate_v6_to_v7(conn: sqlite3.Connection, secrets: Secrets | None = None) -
     conn.execute(_V7_ATTACHMENTS)
 
 
+def migrate_v7_to_v8(conn: sqlite3.Connection, secrets: Secrets | None = None) -> None:
+    """The pane's "Think before answering", saved with its conversation: on, as every chat had it."""
+    conn.execute("ALTER TABLE conversations ADD COLUMN thinking INTEGER NOT NULL DEFAULT 1")
+
+
 # -- the steps, in order -------------------------------------------------------------
 
 # A step takes the store's connection and the secrets a step may move data to.
@@ -264,6 +269,7 @@ STEPS: dict[int, Step] = {
     4: migrate_v4_to_v5,
     5: migrate_v5_to_v6,
     6: migrate_v6_to_v7,
+    7: migrate_v7_to_v8,
 }
 
 # Every version from the first to the current one has its step: a gap would

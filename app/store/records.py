@@ -121,6 +121,7 @@ class HeaderRecord:
     model_id: str
     context_policy: str
     kept_ids: bytes
+    thinking: bool = True  # "Think before answering"
 
 
 @dataclass(slots=True, frozen=True)
@@ -153,6 +154,7 @@ def header_record(conversation: Conversation) -> HeaderRecord:
         model_id=conversation.model_id,
         context_policy=conversation.context_policy,
         kept_ids=pack_ids(conversation.kept_ids),
+        thinking=conversation.thinking,
     )
 
 

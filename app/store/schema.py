@@ -41,13 +41,15 @@ v7  attachments: the documents sent with a user message (engine.documents
     (`complete` 0: only its first part was kept or sent) and the extracted
     text, never the file's bytes. Keyed by the message's (conversation_id,
     position); deleting or cutting back the messages deletes them.
+v8  conversations gain thinking: the pane's "Think before answering" (1 on,
+    0 off), for a model whose template has the switch; on for older chats.
 """
 
 from __future__ import annotations
 
 import sqlite3
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 CREATE_CONVERSATIONS = """
 CREATE TABLE conversations (
@@ -60,7 +62,8 @@ CREATE TABLE conversations (
     model_id TEXT NOT NULL DEFAULT 'default',
     context_policy TEXT NOT NULL DEFAULT 'stop',
     kept_ids BLOB NOT NULL DEFAULT x'',
-    deleted_at REAL
+    deleted_at REAL,
+    thinking INTEGER NOT NULL DEFAULT 1
 )"""
 
 CREATE_MESSAGES = """

@@ -243,6 +243,7 @@ class Conversation:
         messages: Sequence[Message],
         kept_ids: Sequence[int],
         turn_marks: Sequence[int | None],
+        thinking: bool = True,
     ) -> Conversation:
         """A conversation as the chat store saved it.
 
@@ -260,6 +261,7 @@ class Conversation:
         )
         conversation.id = id
         conversation.created_at = created_at
+        conversation.thinking = thinking
         conversation.messages = list(messages)
         for message in conversation.messages:
             if message.state == "streaming":

@@ -14,6 +14,7 @@ from app.store.chat_store import SCHEMA_VERSION, ChatStore
 from app.store.export import ChatImportError, from_json, to_json, to_markdown
 from app.workspace.conversation import Conversation
 from engine.documents import Document, document_from_bytes, user_message_with_documents
+from tests.app.test_store_migrations import V7_CONVERSATIONS
 from tests.app.test_store_migrations import schema_of
 
 NOTES = document_from_bytes("notes.md", b"# Plan\n\nThe lantern festival starts at dusk.\n\nBring a `coat`.")
@@ -82,7 +83,7 @@ def test_attachments_are_saved_restored_and_cut_back_with_their_message(tmp_path
 def test_a_schema_6_store_gains_the_attachments_table(tmp_path: Path) -> None:
     path = tmp_path / "v6.sqlite3"
     conn = sqlite3.connect(path)
-    for statement in (schema.CREATE_CONVERSATIONS, schema.CREATE_MESSAGES, schema.CREATE_LAYOUT,
+    for statement in (V7_CONVERSATIONS, schema.CREATE_MESSAGES, schema.CREATE_LAYOUT,
                       schema.CREATE_ARENA_VOTES, schema.CREATE_META, *schema.CREATE_INDEXES):
         conn.execute(statement)
     conn.execute("INSERT INTO conversations (id, title, created_at, updated_at) VALUES ('c', 'Old', 1.0, 2.0)")
@@ -92,7 +93,7 @@ def test_a_schema_6_store_gains_the_attachments_table(tmp_path: Path) -> None:
     conn.commit()
     conn.close()
     with ChatStore.open(path, recover=False) as store:
-        assert store.schema_version == SCHEMA_VERSION == 7
+        assert store.schema_version == SCHEMA_VERSION == 8
         old = store.load_conversation("c")
         assert [(m.text, m.attachments) for m in old.messages] == [("Hello", ())]
         old.append_user("Now with a file", [NOTES])

@@ -33,6 +33,15 @@ def test_json_round_trip_equals_the_original() -> None:
     assert again == data
     # Token ids are not exported: the import renders its next turn afresh.
     assert imported.kept_ids == [] and all(m.token_ids == [] for m in imported.messages)
+    # "Think before answering" travels; a file from before it did imports with it on; a wrong one is named.
+    conv.thinking = False
+    assert from_json(exported(conv)).thinking is False
+    older = exported(conv)
+    del older["conversation"]["thinking"]
+    assert from_json(older).thinking is True
+    older["conversation"]["thinking"] = "no"
+    with pytest.raises(ChatImportError, match="thinking"):
+        from_json(older)
 
 
 def test_json_fields() -> None:
@@ -40,7 +49,7 @@ def test_json_fields() -> None:
     assert (data["format"], data["version"]) == ("tandem-chat", 1)
     conv = data["conversation"]
     assert set(conv) == {
-        "id", "title", "created_at", "system_prompt", "model_id", "context_policy", "params", "messages"
+        "id", "title", "created_at", "system_prompt", "model_id", "context_policy", "thinking", "params", "messages"
     }
     defaults = SamplingParams()  # the fixture sets only these two
     assert conv["params"] == {"max_tokens": 32, "temperature": 0.0, "top_k": defaults.top_k, "top_p": defaults.top_p,

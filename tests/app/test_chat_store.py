@@ -300,7 +300,7 @@ def test_migration_from_version_1(tmp_path: Path) -> None:
     shutil.copyfile(FIXTURES / "chats_v1.sqlite3", path)
     assert rows(path, "PRAGMA user_version") == [(1,)]
     with ChatStore.open(path) as store:
-        assert store.schema_version == SCHEMA_VERSION == 7 and store.open_warning is None
+        assert store.schema_version == SCHEMA_VERSION == 8 and store.open_warning is None
         assert store.crashed_last_time  # the v1 session flag is kept
         summaries = store.list_conversations()
         assert [(s.title, s.message_count) for s in summaries] == [("Café ünïcode 100%_test", 2), ("Paris trip", 4)]

@@ -286,7 +286,7 @@ def test_v2_to_v3_moves_a_plain_text_key_out(tmp_path: Path) -> None:
     secrets = FileSecrets(tmp_path / "config" / "secrets.json")
     with ChatStore.open(path, secrets=secrets) as store:
         # v3, then v4 (reply versions), v5 (arena votes), v6 (each reply's system prompt), v7 (attachments)
-        assert store.schema_version == 7
+        assert store.schema_version == 8
         remote, local = store.load_layout()
         assert (remote.remote_base_url, remote.remote_model, remote.remote_api_key, remote.width) == (
             "http://localhost:8080/v1", "llama", KEY, 480,

@@ -146,6 +146,22 @@ def test_migrating_arrives_at_the_schema_a_new_store_has(tmp_path: Path) -> None
     assert migrated == schema_of(fresh)
 
 
+# The conversations table as v2 to v7 wrote it (v8 added `thinking`).
+V7_CONVERSATIONS = """
+CREATE TABLE conversations (
+    id TEXT PRIMARY KEY NOT NULL,
+    title TEXT NOT NULL DEFAULT '',
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    system_prompt TEXT NOT NULL DEFAULT '',
+    params TEXT NOT NULL DEFAULT '{}',
+    model_id TEXT NOT NULL DEFAULT 'default',
+    context_policy TEXT NOT NULL DEFAULT 'stop',
+    kept_ids BLOB NOT NULL DEFAULT x'',
+    deleted_at REAL
+)"""
+
+
 # The v3 messages table, as v3 wrote it (the other v3 tables are v4's).
 _V3_MESSAGES = """
 CREATE TABLE messages (
@@ -170,7 +186,7 @@ def build_v3(path: Path) -> None:
     from app.store import schema
 
     conn = sqlite3.connect(path)
-    for statement in (schema.CREATE_CONVERSATIONS, _V3_MESSAGES, schema.CREATE_LAYOUT, schema.CREATE_META,
+    for statement in (V7_CONVERSATIONS, _V3_MESSAGES, schema.CREATE_LAYOUT, schema.CREATE_META,
                       *schema.CREATE_INDEXES):
         conn.execute(statement)
     conn.execute(
@@ -256,7 +272,7 @@ def build_v4(path: Path) -> None:
     from app.store import schema
 
     conn = sqlite3.connect(path)
-    for statement in (schema.CREATE_CONVERSATIONS, _V4_MESSAGES, schema.CREATE_LAYOUT, schema.CREATE_META,
+    for statement in (V7_CONVERSATIONS, _V4_MESSAGES, schema.CREATE_LAYOUT, schema.CREATE_META,
                       *schema.CREATE_INDEXES):
         conn.execute(statement)
     conn.execute(
@@ -329,7 +345,7 @@ def build_v5(path: Path) -> None:
     from app.store import schema
 
     conn = sqlite3.connect(path)
-    for statement in (schema.CREATE_CONVERSATIONS, _V4_MESSAGES, schema.CREATE_LAYOUT, schema.CREATE_ARENA_VOTES,
+    for statement in (V7_CONVERSATIONS, _V4_MESSAGES, schema.CREATE_LAYOUT, schema.CREATE_ARENA_VOTES,
                       schema.CREATE_META, *schema.CREATE_INDEXES):
         conn.execute(statement)
     conn.execute(
@@ -396,3 +412,15 @@ def test_v5_to_v6_keeps_each_replys_system_prompt(tmp_path: Path) -> None:
     fresh = sqlite3.connect(":memory:")
     create_schema(fresh)
     assert migrated == schema_of(fresh)
+
+
+def test_v7_to_v8_leaves_thinking_on_and_then_keeps_the_switch(tmp_path: Path) -> None:
+    path = tmp_path / "v5.sqlite3"
+    build_v5(path)  # migrated through v7 to v8 by the store's own open
+    with ChatStore.open(path, recover=False) as store:
+        trip = store.load_conversation(CONV)
+        assert store.schema_version == SCHEMA_VERSION and trip.thinking  # as every older chat had it
+        trip.thinking = False  # "Think before answering" switched off in the pane
+        store.save_conversation(trip)
+    with ChatStore.open(path, recover=False) as store:
+        assert store.load_conversation(CONV).thinking is False
