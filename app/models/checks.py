@@ -12,7 +12,6 @@ person can act on.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ from engine.errors import (
     TokenizerError,
     UnsupportedModelError,
 )
-from engine.inspect import Family, GGUFSummary, ModelConfig, ModelShape, QuantizedWeights
+from engine.inspect import Family, GGUFSummary, ModelConfig, ModelShape
 
 # This module is imported while the window is built (app.models.registry);
 # engine.inspect imports torch, the GGUF reader and the tokenizer only when a
@@ -51,13 +50,11 @@ __all__ = ["FolderCheck", "GGUFSummary", "architecture_label", "check_gguf_file"
 # Model folders
 
 
-@dataclass(slots=True, frozen=True)
-class FolderCheck:
-    config: ModelConfig
-    raw_config: dict[str, Any]
-    parameters: int
-    dtypes: tuple[str, ...]  # the weights' stored dtypes, most common first
-    stored: QuantizedWeights  # which weights are block-quantized (empty: none)
+class FolderCheck(inspect.FolderSummary):
+    """A folder's summary as the engine reads it (config, parameters, dtypes,
+    the block-quantized weights), and how the details word its storage."""
+
+    __slots__ = ()
 
     def storage_label(self, origin: str = "") -> str:
         """How the weights are stored, for the details: "float32", or

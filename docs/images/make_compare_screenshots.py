@@ -28,18 +28,11 @@ os.environ["TANDEM_CONFIG_DIR"] = tempfile.mkdtemp(prefix="tandem-shots-")
 os.environ.setdefault("TANDEM_DATA_DIR", tempfile.mkdtemp(prefix="tandem-shots-data-"))
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from shots import close_window, until  # noqa: E402 - the screenshot scripts' shared waits
 QUESTIONS = ("Give me one tip for writing clear commit messages.",
              "What is a prefix cache? One sentence.",
              "Name a good first programming language and say why.")
-
-
-async def until(predicate: Callable[[], bool], timeout: float = float(os.environ.get("SHOTS_TIMEOUT", 900))) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        if loop.time() > deadline:
-            raise TimeoutError("the model took too long")  # or a step failed: its message is in the window
-        await asyncio.sleep(0.1)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -174,10 +167,7 @@ def main(argv: list[str] | None = None) -> None:
         await close()
 
     async def close() -> None:
-        closed = asyncio.Event()
-        window.closed.connect(closed.set)
-        window.close()
-        await closed.wait()
+        await close_window(window)
 
     with loop:
         loop.run_until_complete(scenario())

@@ -31,6 +31,8 @@ os.environ["TANDEM_CONFIG_DIR"] = tempfile.mkdtemp(prefix="tandem-shots-")
 os.environ.setdefault("TANDEM_DATA_DIR", tempfile.mkdtemp(prefix="tandem-shots-data-"))
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from shots import close_window, until  # noqa: E402 - the screenshot scripts' shared waits
 TEMPLATES = HERE.parents[1] / "tests" / "engine" / "data" / "templates"
 QUESTION = "What is a tandem bicycle?"
 
@@ -122,15 +124,6 @@ def make_demo(demo: Demo, folder: Path) -> Path:
     return folder
 
 
-async def until(predicate, timeout: float = 600.0) -> None:  # type: ignore[no-untyped-def]
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        if loop.time() > deadline:
-            raise TimeoutError("the models took too long")
-        await asyncio.sleep(0.1)
-
-
 def main() -> None:
     from PySide6.QtWidgets import QApplication
 
@@ -188,10 +181,7 @@ def main() -> None:
             await asyncio.sleep(0.3)
             window.grab().save(str(HERE / name), "PNG")
             print("wrote", HERE / name)
-        closed = asyncio.Event()
-        window.closed.connect(closed.set)
-        window.close()
-        await closed.wait()
+        await close_window(window)
 
     with loop:
         loop.run_until_complete(scenario())

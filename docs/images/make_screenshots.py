@@ -39,18 +39,10 @@ os.environ["TANDEM_CONFIG_DIR"] = tempfile.mkdtemp(prefix="tandem-shots-")
 os.environ.setdefault("TANDEM_DATA_DIR", tempfile.mkdtemp(prefix="tandem-shots-data-"))
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from shots import close_window, until  # noqa: E402 - the screenshot scripts' shared waits
 QUESTION = "What is a prefix cache in an LLM server? Answer briefly, then show a tiny Python example."
 CODE_QUESTION = "Write a Python function that parses CSV, with a code block"
-
-
-
-async def until(predicate, timeout: float = 900.0) -> None:  # type: ignore[no-untyped-def]
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        if loop.time() > deadline:
-            raise TimeoutError("the model took too long")
-        await asyncio.sleep(0.1)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -190,10 +182,7 @@ def main(argv: list[str] | None = None) -> None:
         await close()
 
     async def close() -> None:
-        closed = asyncio.Event()
-        window.closed.connect(closed.set)
-        window.close()
-        await closed.wait()
+        await close_window(window)
 
     with loop:
         loop.run_until_complete(scenario())

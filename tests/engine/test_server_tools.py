@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Literal
 
@@ -20,9 +19,9 @@ import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine.entrypoints.openai import responses
-from engine.entrypoints.openai.server import RunningServer, model_name_for, serve_in_thread
-from engine.llm import Engine
+from engine.entrypoints.openai.server import RunningServer
 from engine.model.tool_calls import FORMATS
+from tests.engine.test_server import engine, model, server  # noqa: F401 - the default model, served
 
 
 class Person(BaseModel):
@@ -48,23 +47,6 @@ ARGUMENTS = {"get_weather": Weather, "get_time": Time}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 # Few tokens per call: the machine running the suite may be a busy laptop CPU.
 CALL_TOKENS = 40
-
-
-@pytest.fixture(scope="module")
-def engine(default_model_dir: Path) -> Iterator[Engine]:
-    with Engine(default_model_dir, device="cpu") as eng:
-        yield eng
-
-
-@pytest.fixture(scope="module")
-def server(engine: Engine) -> Iterator[RunningServer]:
-    with serve_in_thread(engine) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def model(engine: Engine) -> str:
-    return model_name_for(engine)
 
 
 @pytest.fixture(scope="module")
