@@ -5,6 +5,7 @@ pane the same user turn, the first-part choice sends what fits and says so."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QUrl
 from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import QApplication
 
+from app.workspace.attachments import fit_documents
 from engine.documents import user_message_with_documents
 from ui.dialogs.document_viewer import DocumentViewer
 from tests.ui.conftest import on_loop, wait_until
@@ -41,8 +43,12 @@ def drop_files(widget: Any, paths: list[Path]) -> None:
 
 
 def read(window: Any, count: int):
-    return wait_until(lambda: not window.attachments.reading and len(window.attachments.documents()) == count,
-                      what="the files to be read")
+    return wait_until(lambda: not window.attachments.reading and len(window.attachments.documents()) == count
+                      and not window.attachments.counting, what="the files to be read and counted")
+
+
+def counted(window: Any):
+    return wait_until(lambda: not window.attachments.counting, what="the fit to be counted")
 
 
 @on_loop()
@@ -63,6 +69,7 @@ async def test_documents_attach_fit_send_and_show_as_chips(loop: Any, make_windo
     assert "tokens" in attachments.pending[0].chip.label.full_text()
     composer.edit.setPlainText("When does it start?")
     attachments.refresh_fit()
+    await counted(window)
     fits = {fit.pane_id: fit for fit in attachments.fits}
     assert fits[first.id].fits and fits[second.id].fits and not fits[small.id].fits
     assert "notes.md and table.csv do not fit Pane 3" in composer.fit_label.text()
@@ -102,6 +109,7 @@ async def test_documents_attach_fit_send_and_show_as_chips(loop: Any, make_windo
     await read(window, 1)
     composer.set_targets([small.id])
     composer.first_part_button.setChecked(True)
+    await counted(window)
     assert "first" in attachments.pending[0].chip.label.full_text() and "in Pane 3" in attachments.pending[0].chip.label.full_text()
     send(window, "When?")
     # Its reply may run to the long length it is allowed: stopped once it has begun.
@@ -133,3 +141,43 @@ async def test_a_file_that_cannot_be_read_gets_one_line_and_no_chip(loop: Any, m
     await wait_until(lambda: not window.attachments.pending, what="gone.md to be refused")
     assert "gone.md is no longer there" in window.composer.notice.text()
     assert window.attachments.documents() == [] and not window.composer.fit_bar.isVisible()
+
+
+@on_loop()
+async def test_the_fit_is_counted_off_the_gui_thread_and_a_change_during_the_count_wins(
+    loop: Any, make_window: Any, tmp_path: Path
+) -> None:
+    window = make_window(panes=2)
+    workspace, composer, attachments = window.workspace, window.composer, window.attachments
+    # Long enough that counting it (encodes of the whole prompt, a bisection for the first part) takes a while.
+    long = tmp_path / "long.md"
+    long.write_text("\n\n".join(f"Section {i}: the harbour at Nagasaki took in ships from many ports, "
+                                f"and each ledger line {i} names a cargo, a captain and a date." for i in range(3000)))
+    attachments.attach_paths([str(long)])
+    await read(window, 1)
+    threads: list[str] = []
+    count = attachments._count
+
+    def on_which_thread(*args: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return count(*args)
+
+    attachments._count = on_which_thread
+    composer.edit.setPlainText("Short?")
+    attachments.refresh_fit()
+    assert attachments.counting  # the call returned before its count
+    composer.edit.setPlainText("A much longer question about the ledgers, the captains and the cargo of every ship?")
+    attachments.refresh_fit()
+    await counted(window)
+    assert threads and all(name == "tandem-count-fit" for name in threads)
+    # What is shown is the count of the message as it is now, not of the one it was.
+    targets = composer.targets()
+    expected = fit_documents(workspace, composer.edit.toPlainText(), attachments.documents(), targets)
+    assert attachments.fits == expected
+    assert f"{expected[0].prompt_tokens:,}" in composer.fit_label.text()
+    # Taking the document off while it is counted leaves no fit line behind.
+    composer.edit.setPlainText("Again?")
+    attachments.refresh_fit()
+    attachments.remove(attachments.pending[0])
+    await counted(window)
+    assert attachments.fits == [] and composer.fit_label.text() == ""

@@ -8,7 +8,8 @@ forgotten. Once read, a document's chip shows its tokens in the first
 target pane's model, and the fit line says what each target pane would
 receive against its context (app.workspace.attachments.fit_documents),
 refreshed when the documents, the targets, the panes or (after a pause in
-typing) the message change.
+typing) the message change. Counting encodes whole prompts, so it too runs
+on a thread; a count overtaken by a change is not shown but redone.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ class WindowAttachments:
         self.fits: list[PaneFit] = []
         self._errors: list[str] = []
         self._token_counts: dict[tuple[str, str, bool, int], int] = {}
+        self._counting: BackgroundJob[None] | None = None
+        self._generation = 0  # bumped by every change the fit depends on: a count of an older one is not shown
         self._fit_timer = QTimer(window)
         self._fit_timer.setSingleShot(True)
         self._fit_timer.setInterval(FIT_DELAY_MS)
@@ -148,7 +151,8 @@ class WindowAttachments:
     # -- tokens and fit ----------------------------------------------------------------
 
     def tokens(self, model_id: str, document: Document) -> int | None:
-        """The document's tokens in the model's tokenizer; None while the model is not loaded."""
+        """The document's tokens in the model's tokenizer; None while the model is not loaded.
+        An encode of the whole document: called on the counting thread, cached."""
         engine = self._window.workspace.engine_for(model_id)
         if engine is None:
             return None
@@ -157,37 +161,90 @@ class WindowAttachments:
             self._token_counts[key] = document_tokens(engine.tokenizer, document)
         return self._token_counts[key]
 
+    @property
+    def counting(self) -> bool:
+        """Whether a count of the fit is under way or waiting to start."""
+        return self._counting is not None or self._fit_timer.isActive()
+
     def refresh_fit_soon(self) -> None:
         if self.pending:
             self._fit_timer.start()
 
     def refresh_fit(self) -> None:
-        """The chips' tokens and the fit line, for the documents read and the target panes."""
+        """Count the chips' tokens and the fit line again, for the documents read and the target panes.
+
+        The count encodes each target's whole next prompt (and, for the first-part choice, a
+        bisection of encodes): seconds of work for long documents in several panes, so it runs
+        on a thread and its result is shown when it comes, unless something it counted has
+        changed since (then it is counted again). One count runs at a time."""
         self._fit_timer.stop()
+        self._generation += 1
+        if not self.documents():
+            self.fits = []
+            self._window.composer.set_fit("", False)
+            return
+        if self._counting is None:
+            self._start_count()
+
+    def _start_count(self) -> None:
         window = self._window
         composer = window.composer
-        documents = self.documents()
-        if not documents:
-            self.fits = []
-            composer.set_fit("", False)
-            return
         workspace = window.workspace
+        documents = tuple(self.documents())
         targets = [pid for pid in composer.targets() if pid in {p.id for p in workspace.panes}]
         question = composer.edit.toPlainText()
-        self.fits = fit_documents(workspace, question, documents, targets)
-        cut_for = [fit.pane_id for fit in self.fits if not fit.fits] if composer.first_part_button.isChecked() else []
-        first_parts = {}
-        for pane_id in cut_for:
-            pane = workspace.pane(pane_id)
-            engine = workspace.engine_for(pane.conversation.model_id)
-            found = first_parts_that_fit(engine.tokenizer, pane, question, documents) if engine else None
-            first_parts[pane_id] = found[0] if found is not None else None
+        first_part = composer.first_part_button.isChecked()
         model = workspace.pane(targets[0]).conversation.model_id if targets else workspace.default_model
+        generation = self._generation
+        self._counting = BackgroundJob(
+            composer, "count-fit",
+            lambda _report: self._count(workspace, question, documents, targets, first_part, model),
+            lambda result, error: self._counted(generation, result, error),
+        ).start()
+
+    def _count(
+        self, workspace: Workspace, question: str, documents: tuple[Document, ...], targets: list[int],
+        first_part: bool, model: str,
+    ) -> FitCount:
+        """On the counting thread: reads the panes' conversations, changes nothing (the tokenizer's
+        encode lets go of the GIL, so the GUI thread runs beside it)."""
+        fits = fit_documents(workspace, question, documents, targets)
+        first_parts: dict[int, tuple[Document, ...] | None] = {}
+        for fit in fits:
+            if first_part and not fit.fits:
+                pane = workspace.pane(fit.pane_id)
+                engine = workspace.engine_for(pane.conversation.model_id)
+                found = first_parts_that_fit(engine.tokenizer, pane, question, documents) if engine else None
+                first_parts[fit.pane_id] = found[0] if found is not None else None
+        return FitCount(fits, first_parts, {id(d): self.tokens(model, d) for d in documents})
+
+    def _counted(self, generation: int, count: FitCount | None, error: BaseException | None) -> None:
+        self._counting = None
+        if generation != self._generation:
+            if self.documents():
+                self._start_count()  # counted what has changed since: count what is there now
+            return
+        composer = self._window.composer
+        if error is not None or count is None:
+            self.fits = []
+            composer.set_fit(f"The tokens could not be counted: {error}", False)
+            return
+        self.fits = count.fits
         for item in self.pending:
             if item.document is not None:
-                item.chip.set_document(item.document, self.tokens(model, item.document),
-                                       _first_part_note(item.document, first_parts, workspace))
-        composer.set_fit(_fit_text(self.fits, first_parts), any(not fit.fits for fit in self.fits))
+                item.chip.set_document(item.document, count.chip_tokens.get(id(item.document)),
+                                       _first_part_note(item.document, count.first_parts, self._window.workspace))
+        composer.set_fit(_fit_text(self.fits, count.first_parts), any(not fit.fits for fit in self.fits))
+
+
+@dataclass(frozen=True, slots=True)
+class FitCount:
+    """One count: what each target pane would receive, the first parts of the documents for the
+    panes they do not fit whole (None: not even a first part fits), each document's tokens by id()."""
+
+    fits: list[PaneFit]
+    first_parts: dict[int, tuple[Document, ...] | None]
+    chip_tokens: dict[int, int | None]
 
 
 def _first_part_note(
