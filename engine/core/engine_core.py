@@ -48,7 +48,9 @@ from engine.progress import LoadReporter, ProgressCallback
 from engine.config import DETERMINISTIC_DEFAULT
 from engine.runner.cpu import ModelRunner
 from engine.runner.cuda import make_cuda_runner
-from engine.runner.memory import cuda_kv_cache_bytes, default_kv_budget, default_kv_pages, kv_bytes_per_page
+from engine.runner.memory import (
+    cuda_kv_cache_bytes, default_kv_budget, default_kv_pages, kv_bytes_per_page, release_freed_heap,
+)
 from engine.runner.threads import thread_policy
 from engine.structured.compiler import GrammarCompiler
 from engine.structured.token_masks import PendingMasks, TokenMaskWorker
@@ -299,6 +301,7 @@ class EngineCore:
             self.config.eos_token_ids
         )
         self._warm_up()
+        release_freed_heap()  # the load's temporaries, freed but still resident
         device_name = "CUDA GPU" if self.device.type == "cuda" else "CPU"
         reporter.report(
             "ready", 1, 1,
