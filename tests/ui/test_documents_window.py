@@ -9,10 +9,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QUrl
 from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import QApplication
 
+import app.workspace.attachments as attachments_module
+import app.workspace.workspace as workspace_module
 from app.workspace.attachments import fit_documents
 from engine.documents import user_message_with_documents
 from ui.dialogs.document_viewer import DocumentViewer
@@ -52,8 +56,17 @@ def counted(window: Any):
 
 
 @on_loop()
-async def test_documents_attach_fit_send_and_show_as_chips(loop: Any, make_window: Any, tmp_path: Path) -> None:
+async def test_documents_attach_fit_send_and_show_as_chips(
+    loop: Any, make_window: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     window = make_window(panes=3)
+    planners: list[str] = []  # the threads that plan a send with documents: never the window's
+
+    def plan_send(*args: Any) -> Any:
+        planners.append(threading.current_thread().name)
+        return attachments_module.plan_send(*args)
+
+    monkeypatch.setattr(workspace_module, "plan_send", plan_send)
     workspace, composer, attachments = window.workspace, window.composer, window.attachments
     first, second, small = (workspace.pane(pid) for pid in window.pane_order())
     # Pane 3 keeps most of its context for the reply: the notes do not fit it.
@@ -86,6 +99,7 @@ async def test_documents_attach_fit_send_and_show_as_chips(loop: Any, make_windo
     await wait_until(lambda: all(len(p.conversation.messages) == 2 and not p.busy for p in (first, second)),
                      what="the replies")
     assert small.conversation.messages == []
+    assert planners and threading.main_thread().name not in planners
     assert "not sent there" in composer.notice.text() and "Pane 3" in composer.notice.text()
     assert attachments.pending == [] and not composer.attachments.isVisible()
     turn = [p.conversation.chat_messages()[-2]["content"] for p in (first, second)]
