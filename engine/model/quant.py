@@ -621,13 +621,13 @@ class ConcatLinear:
         columns of `out` (llama.cpp's Q4_K_M keeps v, and some layers' down,
         at 6-8 bits beside 4-bit q and k). Every output element is its own
         part's, with the bits a fused product of that format gives. Only
-        the input ops: a fused q/k/v or gate/up has no output ops."""
+        the input ops: a fused q/k/v or gate/up has no output ops. Each
+        part writes its columns in place (the kernel takes the output's
+        row stride): no buffer or copy per part."""
         start = 0
         for part in self.parts:
             width = part.out_features
-            piece = out.new_empty(out.shape[0], width)
-            part.product_into(x, piece, input_op=input_op, norm_weight=norm_weight, eps=eps)
-            out[:, start : start + width].copy_(piece)
+            part.product_into(x, out[:, start : start + width], input_op=input_op, norm_weight=norm_weight, eps=eps)
             start += width
 
 

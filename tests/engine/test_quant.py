@@ -34,6 +34,7 @@ from engine.model.quant import (
     quantized_nbytes,
     random_raw_weight,
     take_rows,
+    ConcatLinear, cpu_kernel_available,
 )
 from engine.runner.cpu import ModelRunner
 from engine.core.scheduler import ScheduledChunk, ScheduleResult
@@ -333,3 +334,23 @@ def test_quantized_copy_is_cached_until_the_source_changes(
 def test_unknown_quantize_mode_is_refused(tiny_model_dir: Path) -> None:
     with pytest.raises(ModelLoadError, match="int8, int4"):
         load_model(tiny_model_dir, "cpu", "float32", quantize="int3")
+
+
+@pytest.mark.skipif(not cpu_kernel_available(), reason="the native kernel does not run here")
+@pytest.mark.parametrize("rows", [1, 5])
+def test_a_mixed_format_concat_writes_each_part_as_its_own_product(rows: int) -> None:
+    # Q4_K_M's fused q/k/v: parts in different formats, widths that are and are not whole octets of 8.
+    g = torch.Generator().manual_seed(3)
+    parts = [QuantLinear(random_raw_weight("q5_0", 20, 512, g)), QuantLinear(random_raw_weight("q4_k", 16, 512, g)),
+             QuantLinear(quantize(torch.randn(12, 512, generator=g), "q8_0"))]
+    concat = ConcatLinear(parts)
+    x = torch.randn(rows, 512, generator=g)
+    norm = torch.rand(512, generator=g) + 0.5
+    out = torch.full((rows, concat.out_features), float("nan"))
+    concat.product_into(x, out, input_op="rms_norm", norm_weight=norm, eps=1e-5)
+    alone = []
+    for part in parts:
+        piece = torch.empty(rows, part.out_features)
+        part.product_into(x, piece, input_op="rms_norm", norm_weight=norm, eps=1e-5)
+        alone.append(piece)
+    assert torch.equal(out, torch.cat(alone, dim=1))
