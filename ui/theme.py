@@ -148,3 +148,13 @@ def muted_text_color(palette: QPalette) -> QColor:
 def warning_color(palette: QPalette) -> QColor:
     """An amber that reads as "careful" on the palette's base, light or dark."""
     return QColor("#d08a00") if is_dark(palette) else QColor("#b86e00")
+
+
+def success_color(palette: QPalette) -> QColor:
+    """A green for "this is right" (a reply that is valid JSON), readable on the palette's base."""
+    return QColor("#66bb6a") if is_dark(palette) else QColor("#1b7a2e")
+
+
+def error_color(palette: QPalette) -> QColor:
+    """A red for "this is wrong" (a reply that is not the JSON asked for), readable on the palette's base."""
+    return QColor("#ef6c6c") if is_dark(palette) else QColor("#b3261e")

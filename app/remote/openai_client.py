@@ -470,7 +470,31 @@ def request_params(params: Any) -> dict[str, Any]:
         value = get(name)
         if value is not None and value != neutral:
             out[name] = value
+    response_format = _response_format(get("constraint"))
+    if response_format is not None:
+        out["response_format"] = response_format
     return out
+
+
+def _response_format(constraint: Any) -> dict[str, Any] | None:
+    """A pane's "Reply as JSON" as OpenAI's response_format; None for none (or a grammar the API has no
+    field for). A server that ignores it still gets its reply checked in the window (app.workspace.json_reply)."""
+    kind = getattr(constraint, "kind", None)
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind != "json_schema":
+        return None
+    try:
+        schema = json.loads(constraint.spec)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(schema, dict):
+        return None
+    title = schema.get("title")
+    # OpenAI's name: letters, digits, _ and -, at most 64.
+    name = "".join(c if c.isascii() and (c.isalnum() or c in "_-") else "_" for c in title)[:64] if isinstance(
+        title, str) and title.strip() else "reply"
+    return {"type": "json_schema", "json_schema": {"name": name or "reply", "schema": schema}}
 
 
 async def _read_to_end(events: AsyncIterator[str]) -> None:

@@ -152,11 +152,13 @@ def value_label(parameter: str, value: object, models: Mapping[str, str] | None 
 
 def open_sweep(
     workspace: Workspace, pane_id: int, parameter: str, values: Sequence[object],
-    models: Mapping[str, str] | None = None,
+    models: Mapping[str, str] | None = None, *, keep_constraint: bool = True,
 ) -> list[Pane]:
     """One new pane per value, right of the pane (in the values' order), each
     a fork of its whole conversation with that value set. A model value is
-    only set: loading it is the caller's choice (memory). Returns the panes."""
+    only set: loading it is the caller's choice (memory). `keep_constraint`:
+    the forks reply as the source does ("Reply as JSON"), or as free text.
+    Returns the panes."""
     sweep_parameter(parameter)
     if not values:
         raise SweepError("A sweep needs at least one value.")
@@ -169,6 +171,8 @@ def open_sweep(
         pane = _fork_whole(workspace, source)
         opened.insert(0, pane)
         _apply(workspace, pane, parameter, value)
+        if not keep_constraint and pane.conversation.params.constraint is not None:
+            workspace.set_params(pane.id, dataclasses.replace(pane.conversation.params, constraint=None))
         workspace.set_title(pane.id, value_label(parameter, value, models))
     return opened
 

@@ -6,7 +6,8 @@ many of its words it shares with each other reply (app.workspace.compare's
 word diff), as a table to read, copy (Markdown) or export (CSV).
 
 A reasoning model's reply is compared by its answer; its reasoning tokens
-are counted apart from its answer's.
+are counted apart from its answer's. When a reply was asked for as JSON
+("Reply as JSON"), a JSON column says whether it is (app.workspace.json_reply).
 
 The last broadcast turn is read from the conversations themselves: the
 panes whose last message was the most recently sent text and which have a
@@ -22,8 +23,11 @@ from typing import TYPE_CHECKING
 
 from app.files import csv_text
 from app.workspace.compare import word_diff
+from app.workspace.json_reply import check_reply, is_json_constraint
 
 if TYPE_CHECKING:
+    from engine.structured import Constraint
+
     from app.workspace.conversation import ReplyStats
     from app.workspace.pane import Pane
 
@@ -38,6 +42,8 @@ class TurnReply:
     text: str  # the answer, reasoning left out
     stats: ReplyStats | None
     reasoning_tokens: int | None = None  # None: the reply did not reason (or it is not known)
+    constraint: Constraint | None = None  # what the reply was held to (its turn's params)
+    finish_reason: str | None = None  # "abort" for a reply that was stopped
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +60,7 @@ class ReplyFigures:
     reasoning_tokens: int | None = None  # of `tokens`, those the reply reasoned with
     prompt_tokens: int | None = None  # None when the server did not say
     cached_prompt_tokens: int | None = None  # of `prompt_tokens`, those the prefix cache served
+    json: str | None = None  # asked for as JSON: "valid" or "invalid: why"; None when it was not
 
     @property
     def answer_tokens(self) -> int | None:
@@ -88,7 +95,10 @@ def last_turn(panes: Sequence[Pane], model_name: dict[str, str] | None = None) -
             continue
         model = pane.remote.label if pane.remote is not None else names.get(reply.model_id or "", reply.model_id or "")
         reasoned = reply.reasoning_tokens if reply.parts.has_reasoning else None
-        replies.append(TurnReply(pane.id, pane.title, model, reply.answer, reply.stats, reasoned))
+        constraint = reply.params.constraint if reply.params is not None else None
+        finish = "abort" if reply.state in ("stopped", "interrupted") else (
+            reply.stats.finish_reason if reply.stats is not None else None)
+        replies.append(TurnReply(pane.id, pane.title, model, reply.answer, reply.stats, reasoned, constraint, finish))
     return (text, replies) if replies else None
 
 
@@ -115,6 +125,8 @@ def figures_of(replies: Sequence[TurnReply]) -> list[ReplyFigures]:
             reasoning_tokens=reply.reasoning_tokens,
             prompt_tokens=stats.prompt_tokens if stats is not None and stats.prompt_tokens else None,
             cached_prompt_tokens=stats.cached_prompt_tokens if stats is not None and stats.prompt_tokens else None,
+            json=(check_reply(reply.text, reply.constraint, reply.finish_reason).cell
+                  if reply.constraint is not None and is_json_constraint(reply.constraint) else None),
         ))
     return out
 
@@ -133,9 +145,24 @@ def _reasoned(figures: Sequence[ReplyFigures]) -> bool:
     return any(f.reasoning_tokens is not None for f in figures)
 
 
+# Columns of words, not figures (left-aligned).
+TEXT_COLUMNS = ("JSON",)
+
+
+def _asked_json(figures: Sequence[ReplyFigures]) -> bool:
+    return any(f.json is not None for f in figures)
+
+
+def json_valid_count(figures: Sequence[ReplyFigures]) -> tuple[int, int] | None:
+    """(replies that are the JSON asked for, replies asked for JSON); None when none was."""
+    asked = [f for f in figures if f.json is not None]
+    return (sum(f.json == "valid" for f in asked), len(asked)) if asked else None
+
+
 def header(figures: Sequence[ReplyFigures]) -> list[str]:
     tokens = ["Reasoning tokens", "Answer tokens"] if _reasoned(figures) else ["Tokens"]
-    return ["Pane", "Model", "Words", *tokens, "Tok/s", "TTFT (s)", "Prompt tokens", "From cache",
+    json_column = ["JSON"] if _asked_json(figures) else []
+    return ["Pane", "Model", "Words", *tokens, "Tok/s", "TTFT (s)", *json_column, "Prompt tokens", "From cache",
             *(f"Shared with {f.title}" for f in figures)]
 
 
@@ -143,6 +170,7 @@ def rows(figures: Sequence[ReplyFigures]) -> list[list[str]]:
     """The table's cells as text, one row per reply, the columns of `header`."""
     out = []
     reasoned = _reasoned(figures)
+    asked_json = _asked_json(figures)
     for f in figures:
         if reasoned:
             tokens = ["" if f.reasoning_tokens is None else str(f.reasoning_tokens), _count(f.answer_tokens)]
@@ -155,6 +183,7 @@ def rows(figures: Sequence[ReplyFigures]) -> list[list[str]]:
             *tokens,
             "" if f.tokens_per_s is None else f"{f.tokens_per_s:.1f}",
             "" if f.ttft_s is None else f"{f.ttft_s:.2f}",
+            *([f.json or "—"] if asked_json else []),
             _count(f.prompt_tokens),
             _count(f.cached_prompt_tokens),
         ]
@@ -170,9 +199,12 @@ def to_markdown(message: str, figures: Sequence[ReplyFigures]) -> str:
     lines = [f"**Turn summary** for “{_cell(quoted)}”", ""]
     head = header(figures)
     lines.append("| " + " | ".join(head) + " |")
-    lines.append("|" + "|".join(["---", "---"] + ["---:"] * (len(head) - 2)) + "|")
+    lines.append("|" + "|".join("---" if i < 2 or name in TEXT_COLUMNS else "---:" for i, name in enumerate(head)) + "|")
     for cells in rows(figures):
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    counted = json_valid_count(figures)
+    if counted is not None:
+        lines += ["", f"JSON valid in {counted[0]} of {counted[1]}."]
     return "\n".join(lines) + "\n"
 
 

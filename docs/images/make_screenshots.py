@@ -20,7 +20,14 @@ small size that nothing is cut off.
 
 writes code-1024x700-light.png and code-1024x700-dark.png: every pane after
 a long reply with a code block has finished (highlighted code that scrolls
-sideways inside its block, nothing cut off). `--help` lists the options.
+sideways inside its block, nothing cut off).
+
+    ... make_screenshots.py --json-panes --size 1440x900 --out /tmp/json_shots
+
+writes only json-panes.png: three panes replying as JSON to one saved
+schema, each reply indented with its validity mark (the third pane's
+max tokens cut its reply off: invalid); and json-summary.png, the turn summary with its JSON column.
+`--help` lists the options.
 """
 
 from __future__ import annotations
@@ -43,6 +50,17 @@ sys.path.insert(0, str(HERE))
 from shots import close_window, until  # noqa: E402 - the screenshot scripts' shared waits
 QUESTION = "What is a prefix cache in an LLM server? Answer briefly, then show a tiny Python example."
 CODE_QUESTION = "Write a Python function that parses CSV, with a code block"
+JSON_QUESTION = "Describe the film Blade Runner: its title, the year it came out and a few tags."
+MOVIE_SCHEMA = """{
+  "type": "object",
+  "properties": {
+    "title": {"type": "string"},
+    "year": {"type": "integer"},
+    "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 5}
+  },
+  "required": ["title", "year"],
+  "additionalProperties": false
+}"""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -54,6 +72,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="only window.png and model-manager.png, to check a size's layout")
     parser.add_argument("--code-reply", action="store_true",
                         help="only code-WxH-light.png and code-WxH-dark.png: a long code reply in every pane")
+    parser.add_argument("--json-panes", action="store_true",
+                        help="only json-panes.png: three panes replying to one saved JSON schema, with their marks")
     args = parser.parse_args(argv)
     try:
         args.width, args.height = (int(n) for n in args.size.lower().split("x"))
@@ -131,12 +151,43 @@ def main(argv: list[str] | None = None) -> None:
         await grab(f"{stem}-dark.png")
         apply_theme(app, "light")
 
+    async def json_panes() -> None:
+        from engine.structured import Constraint
+
+        window.saved_schemas.save_as("movie", MOVIE_SCHEMA)
+        movie = Constraint("json_schema", MOVIE_SCHEMA)
+        variants = [
+            dict(temperature=0.0),
+            dict(temperature=0.8, seed=7),
+            dict(temperature=0.0, max_tokens=10),  # cut off before the JSON is complete
+        ]
+        for pane, variant in zip(panes, variants):
+            workspace.set_params(pane.id, dataclasses.replace(settings.default_params, constraint=movie, **variant))
+            window.panes[pane.id].refresh_header()
+        window.composer.edit.setPlainText(JSON_QUESTION)
+        window.composer.send_button.click()
+        await until(lambda: all(len(p.conversation.messages) == 2 for p in panes))
+        await until(lambda: not any(p.busy for p in panes))
+        window.flush_panes()
+        await until(lambda: all(window.panes[p.id].messages[1].json_verdict is not None for p in panes))
+        await grab("json-panes.png")
+        window.compare.show_turn_summary()
+        dialog = window.compare.summary_dialog
+        assert dialog is not None
+        await until(lambda: bool(dialog.figures))
+        await grab("json-summary.png", dialog)
+        dialog.close()
+
     async def scenario() -> None:
         window.show()
         window.load_engine()
         await until(lambda: workspace.engine_state in ("ready", "error"))
         if workspace.engine_state != "ready":
             raise SystemExit(f"model failed to load: {workspace.load_error}")
+        if args.json_panes:
+            await json_panes()
+            await close()
+            return
         if args.layout_check or args.code_reply:
             await (layout_check() if args.layout_check else code_reply())
             await close()

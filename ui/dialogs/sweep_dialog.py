@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
 from engine.params import SamplingParams
 
 from app.errors import SweepError
+from app.workspace.json_reply import schema_label
 from app.workspace.sweep import SWEEP_PARAMETERS, parse_values
 from ui.theme import warning_color
 
@@ -29,8 +30,9 @@ class SweepDialog(QDialog):
 
     def __init__(
         self, pane_title: str, params: SamplingParams, system_prompt: str, models: Mapping[str, str],
-        *, can_reply_again: bool, parent: QWidget | None = None,
+        *, can_reply_again: bool, parent: QWidget | None = None, schema_name: str | None = None,
     ) -> None:
+        """`schema_name`: the saved name of the pane's JSON schema, when it replies as JSON."""
         super().__init__(parent)
         self.setWindowTitle(f"Sweep {pane_title}")
         self._params = params
@@ -71,6 +73,15 @@ class SweepDialog(QDialog):
         self.reply_again.setEnabled(can_reply_again)
         self.reply_again.setChecked(can_reply_again)
         layout.addWidget(self.reply_again)
+        # Only for a pane that replies as JSON: each fork keeps it unless this is unticked.
+        self.keep_json = QCheckBox(self)
+        if params.constraint is not None:
+            self.keep_json.setText(f"&Keep “Reply as JSON” ({schema_label(params.constraint, schema_name)}) in each new pane")
+            self.keep_json.setToolTip("Each new pane's replies are held to the same JSON as this pane's, "
+                                      "so their validity can be compared")
+        self.keep_json.setChecked(True)
+        self.keep_json.setVisible(params.constraint is not None)
+        layout.addWidget(self.keep_json)
         self.error = QLabel(self)
         self.error.setWordWrap(True)
         self.error.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)

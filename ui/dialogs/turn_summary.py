@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.files import write_text_atomically
-from app.workspace.turn_summary import ReplyFigures, header, rows, to_csv, to_markdown
+from app.workspace.turn_summary import TEXT_COLUMNS, ReplyFigures, header, json_valid_count, rows, to_csv, to_markdown
 from ui.widgets.file_folders import remember, start_path
 
 
@@ -73,7 +73,7 @@ class TurnSummaryDialog(QDialog):
         for r, row in enumerate(cells):
             for c, text in enumerate(row):
                 item = QTableWidgetItem(text)
-                if c >= 2:
+                if c >= 2 and head[c] not in TEXT_COLUMNS:
                     item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
                 self.table.setItem(r, c, item)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
@@ -84,7 +84,9 @@ class TurnSummaryDialog(QDialog):
         limit = screen.width() - 40 if screen is not None else wanted
         self.resize(max(self.width(), min(wanted, limit)), self.height())
         first = message.strip().splitlines()[0] if message.strip() else ""
-        self.status.setText(f"The replies of {len(self.figures)} panes to “{first[:80]}”.")
+        counted = json_valid_count(self.figures)
+        valid = f" JSON valid in {counted[0]} of {counted[1]}." if counted is not None else ""
+        self.status.setText(f"The replies of {len(self.figures)} panes to “{first[:80]}”.{valid}")
         for button in (self.copy_button, *self.export_buttons.values()):
             button.setEnabled(True)
 

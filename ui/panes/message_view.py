@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
+
+import shiboken6
 
 from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtGui import QFont, QGuiApplication, QPalette, QResizeEvent
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QMenu, QToolButton, QVBoxLayout, QWidget
 
+from app.workspace.json_reply import JsonVerdict, check_reply, display_markdown, is_json_constraint
+from app.workspace.model_slots import in_thread
 from ui.dialogs.document_viewer import show_document
 from ui.panes.markdown_view import MarkdownView
 from ui.panes.thinking_view import ThinkingSection, thinking_title
 from ui.panes.version_switcher import VersionSwitcher
-from ui.theme import muted_text_color, user_bubble_color
+from ui.theme import error_color, muted_text_color, success_color, user_bubble_color
 from ui.widgets.attachment_chip import AttachmentChip
 from ui.widgets.flow_layout import FlowLayout
 
@@ -20,6 +25,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from engine.documents import Document
+    from engine.structured import Constraint
 
     from app.workspace.conversation import Message, ReplyStats
 
@@ -65,6 +71,7 @@ class MessageView(QFrame):
     fork_requested = Signal(int)
     version_requested = Signal(int, int)  # message index, version (0-based)
     carry_requested = Signal(int)  # "Use in all panes"
+    json_checked = Signal(int)  # a JSON reply's mark is known (message index)
 
     def __init__(self, index: int, role: str, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -139,6 +146,16 @@ class MessageView(QFrame):
         layout.addWidget(self.thinking)
         self.body = MarkdownView(self, plain=(role in ("user", "notice")))
         layout.addWidget(self.body)
+        # A reply asked for as JSON: "✓ matches the schema" or "✗ invalid: why" under it.
+        self.json_mark = QLabel(self)
+        self.json_mark.setWordWrap(True)
+        self.json_mark.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.json_mark.hide()
+        layout.addWidget(self.json_mark)
+        self.json_verdict: JsonVerdict | None = None  # None also while the check runs
+        self._json_checked: tuple[str, Constraint, str | None] | None = None  # what was (or is being) checked
+        # What Copy copies: the reply as the model wrote it (a JSON reply is shown indented).
+        self._copy_source: str | None = None
         # A message's documents, as chips under its text (opened by a click).
         self.attachments = QWidget(self)
         self.attachment_row = FlowLayout(self.attachments)
@@ -215,10 +232,78 @@ class MessageView(QFrame):
             self.thinking.set_reasoning(parts.reasoning, title)
         if shown != self.thinking.isVisibleTo(self):
             self.thinking.setVisible(shown)
-        self.body.set_markdown(parts.answer)
+        constraint = message.params.constraint if message.params is not None else None
+        if is_json_constraint(constraint):
+            assert constraint is not None
+            self._show_json(message, parts.answer, constraint)
+        else:
+            self._copy_source = None
+            self._json_checked = None
+            self._set_json_mark(None)
+            self.body.set_markdown(parts.answer)
         answering = bool(parts.answer) or not shown  # no empty line under a reply that is still thinking
         if answering != self.body.isVisibleTo(self):
             self.body.setVisible(answering)
+
+    def _show_json(self, message: Message, answer: str, constraint: Constraint) -> None:
+        """The reply as an indented JSON block with its mark; while it streams, as written and unmarked."""
+        self._copy_source = answer
+        if message.state in ("streaming", "error"):
+            self._json_checked = None
+            self._set_json_mark(None)
+            self.body.set_markdown(display_markdown(None, answer) if answer.strip() else "")
+            return
+        reason = message.stats.finish_reason if message.stats is not None else None
+        if message.state in ("stopped", "interrupted"):
+            reason = "abort"
+        key = (answer, constraint, reason)
+        if key != self._json_checked:  # checked once per reply, not on every repaint
+            self._json_checked = key
+            self._set_json_mark(None)
+            self._check_json(key)
+        self.body.set_markdown(display_markdown(self.json_verdict, answer))
+
+    def _check_json(self, key: tuple[str, Constraint, str | None]) -> None:
+        """The reply's verdict, on a worker thread: a schema's `pattern` is a Python regular
+        expression, and one from a chat file may backtrack for minutes on the reply it came with."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # a view shown outside the app's event loop: checked here
+            self._json_done(key, check_reply(*key))
+            return
+        task = asyncio.ensure_future(in_thread(loop, lambda: check_reply(*key), "tandem-json-check"))
+        task.add_done_callback(lambda done: self._json_task_done(done, key))
+
+    def _json_task_done(self, task: asyncio.Future[JsonVerdict], key: tuple[str, Constraint, str | None]) -> None:
+        exc = None if task.cancelled() else task.exception()
+        if task.cancelled() or not shiboken6.isValid(self) or key != self._json_checked:
+            return  # the view is gone, or shows another reply now
+        verdict = task.result() if exc is None else JsonVerdict(False, f"could not be checked: {exc}", None)
+        self._json_done(key, verdict)
+
+    def _json_done(self, key: tuple[str, Constraint, str | None], verdict: JsonVerdict) -> None:
+        self._set_json_mark(verdict)
+        self.body.set_markdown(display_markdown(verdict, key[0]))
+        self.json_checked.emit(self.index)
+
+    def _set_json_mark(self, verdict: JsonVerdict | None) -> None:
+        self.json_verdict = verdict
+        if verdict is None:
+            self.json_mark.hide()
+            return
+        self.json_mark.setText(verdict.mark)
+        self.json_mark.setToolTip("The reply was asked for as JSON" + (
+            "; it is what was asked for." if verdict.valid else f"; it is not: {verdict.reason}."))
+        self._color_json_mark()
+        self.json_mark.show()
+
+    def _color_json_mark(self) -> None:
+        if getattr(self, "json_verdict", None) is None:  # also while __init__ has not made the mark yet
+            return
+        base = self.parentWidget().palette() if self.parentWidget() else self.palette()
+        color = success_color(base) if self.json_verdict.valid else error_color(base)
+        # A style sheet: the theme's palette changes would otherwise reset a palette colour.
+        self.json_mark.setStyleSheet(f"color: {color.name()}; font-weight: 600;")
 
     def _show_attachments(self, documents: tuple[Document, ...]) -> None:
         count = self.count_document_tokens
@@ -272,7 +357,8 @@ class MessageView(QFrame):
                 action.setToolTip(button.toolTip())
 
     def copy_text(self) -> None:
-        QGuiApplication.clipboard().setText(self.body.markdown())
+        text = self._copy_source if self._copy_source is not None else self.body.markdown()
+        QGuiApplication.clipboard().setText(text)
 
     def _apply_colors(self) -> None:
         palette = self.parentWidget().palette() if self.parentWidget() else self.palette()
@@ -282,6 +368,7 @@ class MessageView(QFrame):
         muted.setColor(QPalette.ColorRole.WindowText, muted_text_color(palette))
         self.stats_label.setPalette(muted)
         self.state_label.setPalette(muted)
+        self._color_json_mark()
         if self.role == "user":
             own = QPalette()
             own.setColor(QPalette.ColorRole.Window, user_bubble_color(palette))

@@ -29,14 +29,21 @@ from PySide6.QtWidgets import (
 import shiboken6
 
 from engine.params import SamplingParams
+from engine.structured import Constraint, InvalidConstraint
+
+from app.workspace.json_reply import schema_label
+from app.workspace.saved_schemas import SavedSchemas
+from ui.widgets.json_reply_form import JsonReplyForm
 from ui.widgets.sampling_form import SamplingForm
 
 if TYPE_CHECKING:
     from app.remote.remote_pane import RemoteBackend
 
 
-def describe_params(model_name: str, params: SamplingParams) -> str:
-    """The pane header: 'SmolLM2-135M-Instruct · t=0.7 · seed 7'."""
+def describe_params(model_name: str, params: SamplingParams, schema_name: str | None = None) -> str:
+    """The pane header: 'SmolLM2-135M-Instruct · t=0.7 · seed 7 · JSON: movie'.
+
+    `schema_name`: the saved name of the pane's JSON schema, if it has one."""
     parts = [model_name]
     parts.append("greedy" if params.temperature < 1e-5 else f"t={params.temperature:g}")
     if params.top_p < 1.0:
@@ -49,6 +56,8 @@ def describe_params(model_name: str, params: SamplingParams) -> str:
         parts.append(f"rep {params.repetition_penalty:g}")
     if params.seed is not None:
         parts.append(f"seed {params.seed}")
+    if params.constraint is not None:
+        parts.append(schema_label(params.constraint, schema_name))
     return " · ".join(parts)
 
 
@@ -84,21 +93,36 @@ class PaneSettingsPopover(QFrame):
         set_local: Callable[[], None] | None = None,
         context_policy: str = "stop",
         thinking: bool | None = None,
+        saved_schemas: SavedSchemas | None = None,
+        check_constraint: Callable[[Constraint], None] | None = None,
     ) -> None:
         """`thinking`: the pane's "Think before answering", for a model whose
-        template has the switch (Qwen3); None leaves the box out."""
+        template has the switch (Qwen3); None leaves the box out.
+        `check_constraint` raises InvalidConstraint for a "Reply as JSON" the
+        pane's model cannot follow; it may block (a first compile), so it
+        runs on a worker thread."""
         super().__init__(parent, Qt.WindowType.Popup)
         self.setFrameShape(QFrame.Shape.StyledPanel)
         self._params = params
         self._set_remote = set_remote
         self._set_local = set_local
         self._model_task: asyncio.Task[RemoteBackend] | None = None
+        self._check_constraint = check_constraint
+        self._check_task: asyncio.Future[None] | None = None
         layout = QVBoxLayout(self)
         if title:
             heading = QLabel(f"<b>{html.escape(title)}</b> · applies from the next reply", self)
             layout.addWidget(heading)
         if set_remote is not None and set_local is not None:
             self._add_model_section(layout, remote)
+        # Below the model, two columns: its sampling; what the reply is (context, reasoning, JSON, system
+        # prompt). One column of it all is taller than a 700-pixel screen.
+        columns = QHBoxLayout()
+        layout.addLayout(columns)
+        left, right = QVBoxLayout(), QVBoxLayout()
+        columns.addLayout(left, 1)
+        columns.addSpacing(self.fontMetrics().averageCharWidth() * 2)
+        columns.addLayout(right, 1)
         form = QFormLayout()
         form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
 
@@ -127,6 +151,10 @@ class PaneSettingsPopover(QFrame):
         seed_label = QLabel("&Seed", self)
         seed_label.setBuddy(self.fixed_seed)
         form.addRow(seed_label, seed_row)
+        left.addLayout(form)
+        left.addStretch(1)
+        form = QFormLayout()
+        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
         self.context_policy = QComboBox(self)
         self.context_policy.addItem("Stop with a message", "stop")
         self.context_policy.addItem("Drop the oldest turns", "drop_oldest")
@@ -145,7 +173,12 @@ class PaneSettingsPopover(QFrame):
                 "(the model's own switch, enable_thinking)."
             )
             form.addRow("Reasoning", self.think_before_answering)
-        layout.addLayout(form)
+        self.json_form = JsonReplyForm(
+            params.constraint, saved_schemas if saved_schemas is not None else SavedSchemas.load(), self)
+        form.addRow("Reply as &JSON", self.json_form.mode)
+        form.addRow(self.json_form)
+        self.json_form.mode.currentIndexChanged.connect(lambda _i: self.refit())
+        right.addLayout(form)
         label = QLabel("S&ystem prompt", self)
         self.system_prompt = QPlainTextEdit(self)
         self.system_prompt.setPlainText(system_prompt)
@@ -153,8 +186,9 @@ class PaneSettingsPopover(QFrame):
         lines = self.system_prompt.fontMetrics().lineSpacing()
         self.system_prompt.setFixedHeight(lines * 4 + 12)
         label.setBuddy(self.system_prompt)
-        layout.addWidget(label)
-        layout.addWidget(self.system_prompt)
+        right.addWidget(label)
+        right.addWidget(self.system_prompt)
+        right.addStretch(1)
         self.error_label = QLabel(self)
         self.error_label.setWordWrap(True)
         self.error_label.hide()
@@ -168,7 +202,7 @@ class PaneSettingsPopover(QFrame):
         buttons.rejected.connect(self.close)
         layout.addWidget(buttons)
         QShortcut(QKeySequence("Ctrl+Return"), self, activated=self.apply)
-        self.setMinimumWidth(self.fontMetrics().averageCharWidth() * 40)
+        self.setMinimumWidth(self.fontMetrics().averageCharWidth() * 104)
 
     def _add_model_section(self, layout: QVBoxLayout, remote: RemoteBackend | None) -> None:
         layout.addWidget(QLabel("<b>Model</b>", self))
@@ -283,15 +317,48 @@ class PaneSettingsPopover(QFrame):
         self.setGeometry(self.x(), top, width, height)
 
     def values(self) -> SamplingParams:
-        """The pane's parameters with the form's values; raises InvalidSamplingParams."""
-        return self.sampling.replace_in(self._params, seed=self.seed.value() if self.fixed_seed.isChecked() else None)
+        """The pane's parameters with the form's values; raises InvalidSamplingParams or InvalidConstraint."""
+        seed = self.seed.value() if self.fixed_seed.isChecked() else None
+        return self.sampling.replace_in(self._params, seed=seed, constraint=self.json_form.constraint())
 
     def apply(self) -> None:
+        if self._check_task is not None and not self._check_task.done():
+            return
         try:
             params = self.values()
+        except InvalidConstraint as exc:
+            self.json_form.show_message(str(exc), error=True)
+            self.refit()
+            return
         except ValueError as exc:  # InvalidSamplingParams is a ValueError
             self.error_label.setText(str(exc))
             self.error_label.show()
+            self.refit()
             return
+        constraint = params.constraint
+        if constraint is None or constraint == self._params.constraint or self._check_constraint is None:
+            self._apply(params)
+            return
+        # A first compile can take seconds: on a worker thread, the window goes on meanwhile.
+        self.apply_button.setEnabled(False)
+        self.json_form.show_message("Checking that the model can follow it…", error=False)
+        self._check_task = asyncio.ensure_future(asyncio.to_thread(self._check_constraint, constraint))
+        self._check_task.add_done_callback(lambda task: self._constraint_checked(task, params))
+
+    def _constraint_checked(self, task: asyncio.Future[None], params: SamplingParams) -> None:
+        if not shiboken6.isValid(self):  # closed while it was checked
+            if not task.cancelled():
+                task.exception()
+            return
+        self.apply_button.setEnabled(True)
+        exc = None if task.cancelled() else task.exception()
+        if task.cancelled() or exc is not None:
+            # The pane keeps its settings: nothing is applied until the schema is one the model can follow.
+            self.json_form.show_message(str(exc) if exc is not None else "The check was cancelled.", error=True)
+            self.refit()
+            return
+        self._apply(params)
+
+    def _apply(self, params: SamplingParams) -> None:
         self.applied.emit(params, self.system_prompt.toPlainText())
         self.close()

@@ -117,6 +117,7 @@ class PaneView(QFrame):
     activated = Signal(int)  # the user clicked or focused into this pane
     model_chosen = Signal(int, str)  # pane id, model id
     files_dropped = Signal(list)  # local file paths dropped on the pane: attached to the next message
+    json_checked = Signal(int)  # pane id: a reply's "Reply as JSON" mark is known
 
     def __init__(self, pane: Pane, model_name: str, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -126,6 +127,8 @@ class PaneView(QFrame):
         self.count_text_tokens: Callable[[], int | None] | None = None
         # An attached document's tokens in the pane's model, for its chip: None when it cannot count.
         self.count_document_tokens: Callable[[Document], int | None] | None = None
+        # The saved name of a "Reply as JSON" schema, for the settings summary: None when it has none.
+        self.schema_name: Callable[[str], str | None] = lambda _spec: None
         self.model_name = model_name
         self.setObjectName(f"pane{pane.id}")
         self.setFrameShape(QFrame.Shape.StyledPanel)
@@ -285,7 +288,9 @@ class PaneView(QFrame):
             self.model_picker.set_models(self._model_entries, conv.model_id)
             self._picker_shows = shown
         name = remote.label if remote is not None else ("" if picking else self.model_name)
-        summary = describe_params(name, conv.params).lstrip(" ·")
+        constraint = conv.params.constraint
+        saved = self.schema_name(constraint.spec) if constraint is not None and constraint.spec else None
+        summary = describe_params(name, conv.params, saved).lstrip(" ·")
         if conv.system_prompt:
             summary += " · system prompt"
         note = {"loading": "loading…", "error": "failed to load", "unloaded": "not loaded"}.get(self.model_state)
@@ -462,6 +467,7 @@ class PaneView(QFrame):
         view.edit_requested.connect(lambda i: self.edit_requested.emit(self.pane_id, i))
         view.fork_requested.connect(lambda i: self.fork_requested.emit(self.pane_id, i))
         view.carry_requested.connect(lambda i: self.carry_requested.emit(self.pane_id, i))
+        view.json_checked.connect(lambda _i: self.json_checked.emit(self.pane_id))
         view.set_stats_hidden(self.arena_hidden)
         view.count_document_tokens = self._document_tokens
         # Before the trailing stretch, in index order.

@@ -74,11 +74,20 @@ class CompareReplies:
         changed = sum(len(s.text.split()) for s in left if s.changed), sum(len(s.text.split()) for s in right if s.changed)
         total = len(texts[0].split()), len(texts[1].split())
         if changed == (0, 0):
-            summary.setText("The replies are identical word for word.")
+            text = "The replies are identical word for word."
         else:
-            summary.setText(
-                f"Highlighted: {changed[0]} of {total[0]} words differ on the left, {changed[1]} of {total[1]} on the right."
-            )
+            text = f"Highlighted: {changed[0]} of {total[0]} words differ on the left, {changed[1]} of {total[1]} on the right."
+        summary.setText(text + self.json_count_text())
+
+    def json_count_text(self) -> str:
+        """" · JSON valid in 2 of 3" over every pane's last reply asked for as JSON; "" when none was."""
+        verdicts = []
+        for view in self._window.panes.values():
+            index = view.last_reply_index()
+            verdict = view.messages[index].json_verdict if index is not None and index in view.messages else None
+            if verdict is not None:
+                verdicts.append(verdict.valid)
+        return f" · JSON valid in {sum(verdicts)} of {len(verdicts)}" if verdicts else ""
 
     # -- the turn summary ------------------------------------------------------------
 

@@ -164,6 +164,8 @@ class WorkspaceEventRouter:
         view.model_chosen.connect(window.models.choose)
         view.files_dropped.connect(window.attachments.attach_paths)
         view.count_document_tokens = lambda document: window.attachments.tokens(pane.conversation.model_id, document)
+        view.schema_name = window.saved_schemas.name_of
+        view.json_checked.connect(lambda _pane_id: window.compare.refresh())  # "JSON valid in 2 of 3"
         if window.registry is not None:
             view.set_model_entries(window.models.entries())
         view.model_state = window.workspace.pane_model_state(pane.id)

@@ -36,6 +36,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.errors import AppError, EngineNotReadyError
+from app.workspace.saved_schemas import SavedSchemas
 from engine.errors import EngineError
 from ui.dialogs.shortcuts import EditMessageDialog, ShortcutsDialog, about_text
 from ui.panes.arena_bar import ArenaBar
@@ -122,6 +123,8 @@ class MainWindow(QMainWindow):
         self._shutdown_done = False
         self.panes: dict[int, PaneView] = {}
         self.current_pane_id: int | None = None
+        # "Reply as JSON"'s saved schemas, for every pane's settings (a file that cannot be read is a warning).
+        self.saved_schemas = SavedSchemas.load()
         # The popups open now (one of each at a time).
         self.popover: PaneSettingsPopover | None = None
         self.edit_dialog: EditMessageDialog | None = None
@@ -224,7 +227,7 @@ class MainWindow(QMainWindow):
         self.refresh_ready()
         self.apply_engine_state(workspace.engine_state, workspace.load_progress, workspace.load_error)
         warnings = [settings.load_warning, registry.load_warning if registry is not None else None,
-                    session.warning if session is not None else None]
+                    session.warning if session is not None else None, self.saved_schemas.load_warning]
         for warning in filter(None, warnings):
             self.statusBar().showMessage(warning, 20000)
         if session is not None and session.warning:

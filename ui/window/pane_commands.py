@@ -10,6 +10,9 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox
+import shiboken6
+
+from engine.structured import check_constraint as check_without_model
 
 from app.errors import AppError
 from ui.dialogs.shortcuts import EditMessageDialog
@@ -17,6 +20,7 @@ from ui.panes.pane_settings import PaneSettingsPopover
 
 if TYPE_CHECKING:
     from engine.params import SamplingParams
+    from engine.structured import Constraint
     from ui.window.main_window import MainWindow
 
 
@@ -271,6 +275,13 @@ class PaneCommands:
                 "The arena hides this pane's settings until you vote (or leave the arena with Ctrl+Shift+A)."))
             return
         conv = view.pane.conversation
+
+        def check_constraint(constraint: Constraint) -> None:
+            # The pane's own model when it is loaded (its compile is then cached for the replies);
+            # else, as for a remote pane, whether any model could follow it.
+            engine = workspace.engine_for(conv.model_id) if view.pane.remote is None else None
+            (engine.check_constraint if engine is not None else check_without_model)(constraint)
+
         popover = PaneSettingsPopover(
             conv.params,
             conv.system_prompt,
@@ -282,9 +293,14 @@ class PaneCommands:
             set_local=lambda: workspace.set_local(pane_id),
             context_policy=conv.context_policy,
             thinking=conv.thinking if workspace.has_thinking_switch(pane_id) else None,
+            saved_schemas=window.saved_schemas,
+            check_constraint=check_constraint,
         )
         popover.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        popover.destroyed.connect(lambda: setattr(window, "popover", None))
+        # Only while it is the one open: an earlier popover deleted late must not forget this one.
+        popover.destroyed.connect(lambda: window.popover is popover and setattr(window, "popover", None))
+        # A schema saved or deleted there changes how other panes' summaries name theirs.
+        popover.destroyed.connect(self.refresh_headers)
         window.popover = popover
 
         def applied(params: SamplingParams, system_prompt: str) -> None:
@@ -305,9 +321,19 @@ class PaneCommands:
         button = view.settings_button
         anchor = button.mapToGlobal(button.rect().bottomRight())
         popover.adjustSize()
-        popover.move(anchor.x() - popover.width(), anchor.y())
+        x = anchor.x() - popover.width()
+        screen = window.screen().availableGeometry() if window.screen() is not None else None
+        if screen is not None:  # the leftmost pane's button is nearer the edge than the popover is wide
+            x = max(screen.left(), min(x, screen.right() + 1 - popover.width()))
+        popover.move(x, anchor.y())
         popover.show()
         popover.temperature.setFocus()
+
+
+    def refresh_headers(self) -> None:
+        for view in list(self._window.panes.values()):
+            if shiboken6.isValid(view):
+                view.refresh_header()
 
 
 def skipped_notice(sent: list[str], skipped: list[str]) -> str:

@@ -41,22 +41,25 @@ class WindowSweeps:
         models = {entry.id: entry.name for entry in window.models.entries()}
         models.setdefault(conversation.model_id, window.models.name(conversation.model_id))
         turn = conversation.last_turn()
+        constraint = conversation.params.constraint
+        schema_name = window.saved_schemas.name_of(constraint.spec) if constraint is not None else None
         dialog = SweepDialog(pane.title, conversation.params, conversation.system_prompt, models,
-                             can_reply_again=turn is not None, parent=window)
+                             can_reply_again=turn is not None, parent=window, schema_name=schema_name)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         self.dialog = dialog
         dialog.finished.connect(lambda _result: setattr(self, "dialog", None))
         dialog.accepted.connect(lambda: self.run(pane_id, dialog.chosen, dialog.values, models,
-                                                 reply_again=dialog.reply_again.isChecked()))
+                                                 reply_again=dialog.reply_again.isChecked(),
+                                                 keep_constraint=dialog.keep_json.isChecked()))
         dialog.open()
 
     def run(self, pane_id: int, parameter: str, values: list[object], models: dict[str, str],
-            *, reply_again: bool = False) -> None:
+            *, reply_again: bool = False, keep_constraint: bool = True) -> None:
         """Open the sweep's panes; load the models they need (with the memory check); answer again when asked."""
         window = self._window
         workspace = window.workspace
         try:
-            panes = open_sweep(workspace, pane_id, parameter, values, models)
+            panes = open_sweep(workspace, pane_id, parameter, values, models, keep_constraint=keep_constraint)
         except Exception as exc:
             window.report_error("Sweeping", exc)
             return
