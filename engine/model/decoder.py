@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels import native
+from engine.kernels.native import forward
+from engine.kernels.native.forward import LayerProgram
 from engine.model.attention import AttentionMetadata, paged_attention
 from engine.model.config import ModelConfig, rope_attention_factor, rope_inverse_frequencies
 from engine.model.kv_cache import KVCache
@@ -122,6 +124,7 @@ class DecoderModel:
             RopeTable(torch.tensor(inv, dtype=torch.float32, device=self.device), factor) for inv, factor in rotations
         ]
         self.batch_invariant = False
+        self._program: tuple[KVCache, LayerProgram] | None = None  # _layer_program's, for one cache
         # Whether steps may run the native CPU path (_forward_native): every
         # product quantized, on the CPU (a fused q/k/v or gate/up may mix formats).
         self.native_forward = self.device.type == "cpu" and all(
@@ -136,6 +139,43 @@ class DecoderModel:
             # states, and of the logits on the way back) would only lose
             # precision, up to 1/8 of a logit at the default model's scale.
             self.dtype = torch.float32
+
+    def _layer_program(self, cache: KVCache) -> LayerProgram:
+        """The native calls of every layer (_forward_native), written once per KV cache: six a
+        layer, whatever the family (norm + q/k/v; q/k head norms + (partial) RoPE + KV write;
+        attention over the layer's window, soft-capped; o + output norm + scale + residual;
+        norm + gate/up; SwiGLU or GeGLU + down + output norm + scale + residual), a fused
+        product of mixed formats one call per part into its own columns."""
+        if self._program is not None and self._program[0] is cache:
+            return self._program[1]
+        c = self.config
+        eps, residual_scale = c.rms_norm_eps, c.residual_scale
+        heads, kv_heads, head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        gated = native.INPUT_OPS[_GATED_INPUT[c.activation]]
+        rms_norm = native.INPUT_OPS["rms_norm"]
+        program = LayerProgram()
+
+        def product(linear: Product, source: int, target: int, **options: object) -> None:
+            column = 0
+            for part in linear.parts if isinstance(linear, ConcatLinear) else [linear]:
+                program.product(part.bound(), source, target, column=column, **options)
+                column += part.out_features
+
+        for index, layer in enumerate(self.layers):
+            k_layer, v_layer = cache.k[index], cache.v[index]
+            product(layer.qkv, forward.X, forward.QKV, input_op=rms_norm, norm_weight=layer.input_norm, eps=eps)
+            program.rope(heads, kv_heads, head_dim, self._layer_rope[index], k_layer, v_layer,
+                         q_norm=layer.q_norm, k_norm=layer.k_norm, eps=eps, rotary_dim=c.rotary_dim)
+            program.attention(heads, kv_heads, head_dim, cache.page_size, self.layer_windows[index], self.scale,
+                              k_layer, v_layer, c.attn_softcap)
+            product(layer.o, forward.ATTN, forward.X, accumulate=True, out_norm=layer.attn_out_norm,
+                    out_scale=residual_scale, eps=eps)
+            product(layer.gate_up, forward.X, forward.GATE_UP, input_op=rms_norm, norm_weight=layer.post_norm,
+                    eps=eps)
+            product(layer.down, forward.GATE_UP, forward.X, input_op=gated, accumulate=True,
+                    out_norm=layer.ffn_out_norm, out_scale=residual_scale, eps=eps)
+        self._program = (cache, program)
+        return program
 
     def _product(self, linear: Product, x: torch.Tensor) -> torch.Tensor:
         if self.batch_invariant:
@@ -236,7 +276,8 @@ class DecoderModel:
         over the layer's window, soft-capped; o + output norm + scale +
         residual; norm + gate/up; SwiGLU or GeGLU + down + output norm +
         scale + residual) instead of ~45 torch ops, whose fixed costs are
-        most of a one-sequence step.
+        most of a one-sequence step; and every layer's calls in one call
+        from Python (_layer_program, engine/kernels/native/forward.c).
 
         Every row is computed alone in one fixed order, in the products
         (QuantLinear) as in attention (paged_attention.c, the same code for a
@@ -256,30 +297,12 @@ class DecoderModel:
         qkv = x.new_empty(tokens, first.qkv.out_features)
         attn = x.new_empty(tokens, self._q_size)
         gate_up = x.new_empty(tokens, first.gate_up.out_features)
-        eps, residual_scale, softcap = c.rms_norm_eps, c.residual_scale, c.attn_softcap
-        gated = _GATED_INPUT[c.activation]
-        heads, kv_heads, head_dim, rotary_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rotary_dim
+        eps = c.rms_norm_eps
         assert meta.page_table is not None and meta.row_table is not None
-        for index, layer in enumerate(self.layers):
-            k_layer, v_layer = cache.k[index], cache.v[index]
-            cos_table, sin_table = tables[self._layer_rope[index]]
-            layer.qkv.product_into(x, qkv, input_op="rms_norm", norm_weight=layer.input_norm, eps=eps)
-            native.rope_write_kv(
-                qkv, heads, kv_heads, head_dim, cos_table, sin_table, positions, k_layer, v_layer, meta.write_index,
-                q_norm=layer.q_norm, k_norm=layer.k_norm, eps=eps, rotary_dim=rotary_dim,
-            )
-            native.paged_attention(
-                qkv, heads, kv_heads, head_dim, positions, meta.row_table, meta.page_table, k_layer, v_layer,
-                cache.page_size, self.layer_windows[index], self.scale, attn, softcap=softcap,
-            )
-            layer.o.product_into(
-                attn, x, accumulate=True, out_norm=layer.attn_out_norm, out_scale=residual_scale, eps=eps
-            )
-            layer.gate_up.product_into(x, gate_up, input_op="rms_norm", norm_weight=layer.post_norm, eps=eps)
-            layer.down.product_into(
-                gate_up, x, input_op=gated, accumulate=True, out_norm=layer.ffn_out_norm, out_scale=residual_scale,
-                eps=eps,
-            )
+        self._layer_program(cache).run(
+            (x, qkv, attn, gate_up), positions, meta.row_table, meta.page_table, meta.write_index, tables,
+            torch.get_num_threads(),
+        )
         return F.rms_norm(x, (c.hidden_size,), self.norm, eps)
 
     @torch.inference_mode()

@@ -553,14 +553,18 @@ class QuantLinear:
         DecoderModel's native path are these calls."""
         if x.stride(1) != 1:
             x = x.contiguous()
+        norm = None if norm_weight is None else norm_weight.data_ptr()
+        after = None if out_norm is None else out_norm.data_ptr()
+        self.bound()(
+            x, out, torch.get_num_threads(), native.INPUT_OPS[input_op], norm, eps, accumulate, after, out_scale
+        )
+
+    def bound(self) -> native.BoundProduct:
+        """The packed weight's native product, its arguments resolved once."""
         if self._bound is None:
             w = self.weight
             self._bound = native.BoundProduct(w.format, w.data, w.scales, w.mins, self.bias, self.out_features)
-        norm = None if norm_weight is None else norm_weight.data_ptr()
-        after = None if out_norm is None else out_norm.data_ptr()
-        self._bound(
-            x, out, torch.get_num_threads(), native.INPUT_OPS[input_op], norm, eps, accumulate, after, out_scale
-        )
+        return self._bound
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)

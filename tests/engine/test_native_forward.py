@@ -12,11 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels import native
-from engine.llm import Engine
 from engine.formats.loader import load_model
 from engine.model.quant import FORMATS, pack_weight, product_error_bound, quantize
 from engine.runner.cpu import ModelRunner
-from engine.params import SamplingParams
 from engine.core.scheduler import ScheduledChunk, ScheduleResult
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no C compiler to build the native kernels")
@@ -236,3 +234,37 @@ def test_deterministic_mode_keeps_the_native_path(quantized_tiny) -> None:
     default = _mixed_step_logits(quantized_tiny, native_path=True)
     deterministic = _mixed_step_logits(quantized_tiny, native_path=True, deterministic=True)
     assert torch.equal(deterministic, default)
+
+
+def test_a_layer_program_makes_the_calls_a_product_makes_and_names_a_failing_record() -> None:
+    # One record into the middle columns of a buffer, one accumulated into another: the same
+    # bits as the per-call product with the same arguments.
+    from engine.kernels.native.forward import ATTN, GATE_UP, QKV, X, LayerProgram
+    from engine.model.quant import QuantLinear
+
+    g = torch.Generator().manual_seed(5)
+    first = QuantLinear(quantize(torch.randn(32, 64, generator=g), "q8_0"))
+    second = QuantLinear(quantize(torch.randn(64, 64, generator=g), "q4_0"))
+    norm = torch.rand(64, generator=g) + 0.5
+    x = torch.randn(3, 64, generator=g)
+    qkv = torch.zeros(3, 64)
+    program = LayerProgram()
+    program.product(first.bound(), X, QKV, column=16, input_op=native.INPUT_OPS["rms_norm"], norm_weight=norm, eps=1e-6)
+    program.product(second.bound(), QKV, GATE_UP, accumulate=True)
+    gate_up = torch.randn(3, 64, generator=g)
+    expected_gate_up = gate_up.clone()
+    buffers = (x.clone(), qkv, torch.empty(3, 8), gate_up)
+    tables = torch.zeros(1, dtype=torch.int64)
+    program.run(buffers, tables, tables, torch.zeros(1, 1, dtype=torch.int64), tables, [], 1)
+
+    expected_qkv = torch.zeros(3, 64)
+    first.product_into(x, expected_qkv[:, 16:48], input_op="rms_norm", norm_weight=norm, eps=1e-6)
+    second.product_into(expected_qkv, expected_gate_up, accumulate=True)
+    assert torch.equal(qkv, expected_qkv)
+    assert torch.equal(gate_up, expected_gate_up)
+
+    broken = LayerProgram()
+    broken.product(first.bound(), X, QKV)
+    broken.product(second.bound(), ATTN, 7)  # no such buffer
+    with pytest.raises(native.NativeKernelError, match="tandem_forward_layers failed with status 2001"):
+        broken.run(buffers, tables, tables, torch.zeros(1, 1, dtype=torch.int64), tables, [], 1)

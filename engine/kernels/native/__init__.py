@@ -1,5 +1,6 @@
 """The engine's native CPU kernels (quant_matmul.c: quantized products;
-paged_attention.c: RoPE, KV writes and attention), built on first use.
+paged_attention.c: RoPE, KV writes and attention; forward.c: a step's
+layers in one call, forward.py), built on first use.
 
 torch's own weight-only CPU kernels are slower than oneDNN's fp32 GEMM for a
 decode step on an AVX2 CPU (measured on a 2-core AMD EPYC, torch 2.13, the
@@ -44,7 +45,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name(name) for name in ("quant_matmul.c", "paged_attention.c")]
+SOURCES = [Path(__file__).with_name(name) for name in ("quant_matmul.c", "paged_attention.c", "forward.c")]
 FORMAT_CODES = {"q8_0": 0, "q4_0": 1, "q4_1": 2, "q4_k": 3, "q5_k": 4, "q6_k": 5, "q5_0": 6, "q5_1": 7}
 # Weights per block of each format: the packed data's second dimension counts blocks.
 BLOCK_WEIGHTS = {fmt: 256 if fmt.endswith("_k") else 32 for fmt in FORMAT_CODES}
@@ -195,6 +196,11 @@ def _bind(path: Path) -> ctypes.CDLL:
     lib.tandem_quant_take_rows.restype = c_int
     lib.tandem_quant_simd.argtypes = []
     lib.tandem_quant_simd.restype = c_int
+    lib.tandem_forward_layers.argtypes = [ptr, i64, ptr]
+    lib.tandem_forward_layers.restype = c_int
+    for name in ("tandem_forward_step_words", "tandem_forward_record_words"):
+        getattr(lib, name).argtypes = []
+        getattr(lib, name).restype = c_int
     return lib
 
 
@@ -359,6 +365,11 @@ class BoundProduct:
         self._data, self._scales = data.data_ptr(), _pointer(scales)
         self._mins, self._bias = _pointer(mins), _pointer(bias)
         self._keep = (data, scales, mins, bias)
+
+    def words(self) -> tuple[int, int, int, int, int, int, int]:
+        """(format code, rows, columns, data, scales, mins, bias) for a program record
+        (engine/kernels/native/forward.py); 0 for a pointer that is not there."""
+        return (self._fmt, self._n, self._k, self._data, self._scales or 0, self._mins or 0, self._bias or 0)
 
     def __call__(
         self, x: torch.Tensor, out: torch.Tensor, threads: int, input_op: int = 0,
