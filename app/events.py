@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Union
 if TYPE_CHECKING:
     from engine.progress import LoadProgress
 
-    from app.workspace.conversation import ReplyStats
+    from app.workspace.messages import ReplyStats
     from app.workspace.pane import Pane
 
 

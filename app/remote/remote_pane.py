@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from app.workspace.conversation import MessageState, ReplyStats
+from app.workspace.messages import MessageState, ReplyStats
 from app.remote.openai_client import ChatStream, OpenAIClient, RemoteError, RemoteStats, normalize_base_url
 
 log = logging.getLogger(__name__)

@@ -77,7 +77,9 @@ if TYPE_CHECKING:
     # and with it torch, which `tandem chats list` has no need of.
     from engine.documents import Document
 
-    from app.workspace.conversation import Conversation, Message
+    from app.workspace.conversation import Conversation
+
+    from app.workspace.messages import Message
 
 log = logging.getLogger(__name__)
 
@@ -467,7 +469,8 @@ class ChatStore:
         """The conversation as saved (a reply saved mid-stream comes back "interrupted").
 
         A time in it that is no date is kept as it is and reported (see `_report_times`)."""
-        from app.workspace.conversation import Conversation, Message
+        from app.workspace.conversation import Conversation
+        from app.workspace.messages import Message
 
         header = self._query_one(
             """SELECT title, created_at, system_prompt, params, model_id, context_policy, kept_ids, thinking

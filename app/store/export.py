@@ -66,7 +66,9 @@ if TYPE_CHECKING:
     from engine.documents import Document
     from engine.params import SamplingParams
 
-    from app.workspace.conversation import Conversation, Message, ReplyVersions
+    from app.workspace.conversation import Conversation
+
+    from app.workspace.messages import Message, ReplyVersions
 
 FORMAT = "tandem-chat"
 FORMAT_VERSION = 1
@@ -284,7 +286,7 @@ def _from_json(data: object) -> Conversation:
 
 
 def _message_from_json(raw: object, where: str) -> Message:
-    from app.workspace.conversation import Message
+    from app.workspace.messages import Message
 
     item = _object(raw, where.capitalize())
     role = _string(item, "role", where)
@@ -319,7 +321,7 @@ def _message_from_json(raw: object, where: str) -> Message:
 def _versions_from_json(value: object, where: str) -> ReplyVersions | None:
     """A reply's versions from `_versions_json`. Token ids are not exported, so
     a version shown after an import is re-tokenized from its text on the next turn."""
-    from app.workspace.conversation import ReplyVersion, ReplyVersions
+    from app.workspace.messages import ReplyVersion, ReplyVersions
 
     data = _object(value, f"{where.capitalize()}: \"versions\"")
     shown, count, others = data.get("shown"), data.get("count"), data.get("others")

@@ -26,7 +26,9 @@ if TYPE_CHECKING:
     from engine.documents import Document
     from engine.params import SamplingParams
 
-    from app.workspace.conversation import Conversation, Message, ReplyStats, ReplyVersions
+    from app.workspace.conversation import Conversation
+
+    from app.workspace.messages import Message, ReplyStats, ReplyVersions
 
 _INT32 = "i"
 assert array(_INT32).itemsize == 4, "token ids are stored as 32-bit integers"
@@ -244,7 +246,7 @@ def stats_to_dict(stats: ReplyStats) -> dict[str, Any]:
 
 def stats_from_dict(data: dict[str, Any]) -> ReplyStats:
     """ReplyStats from a stored or exported dict. Raises TypeError/ValueError for a wrong shape."""
-    from app.workspace.conversation import ReplyStats
+    from app.workspace.messages import ReplyStats
 
     names = [f.name for f in dataclasses.fields(ReplyStats)]
     missing = [n for n in names if n not in data]
@@ -365,7 +367,7 @@ def _ints(value: object) -> list[int]:
 
 def message_from_dict(data: dict[str, Any]) -> Message:
     """A stored message of a version; raises ValueError/TypeError/KeyError for a wrong shape."""
-    from app.workspace.conversation import Message
+    from app.workspace.messages import Message
 
     state = data["state"]
     return Message(
@@ -387,7 +389,7 @@ def message_from_dict(data: dict[str, Any]) -> Message:
 def versions_from_dict(data: dict[str, Any]) -> ReplyVersions | None:
     """The versions as `versions_to_dict` wrote them; None for a value that does not
     hold exactly one version shown (the reply then shows alone, as in v3)."""
-    from app.workspace.conversation import ReplyVersion, ReplyVersions
+    from app.workspace.messages import ReplyVersion, ReplyVersions
 
     try:
         raw = data["versions"]

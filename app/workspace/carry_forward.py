@@ -21,7 +21,7 @@ from app.errors import CarryError
 if TYPE_CHECKING:
     from engine import Tokenizer
 
-    from app.workspace.conversation import Message
+    from app.workspace.messages import Message
     from app.workspace.pane import Pane
 
 

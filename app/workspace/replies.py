@@ -21,7 +21,7 @@ from engine import reasoning
 
 from app.events import MessageAppended, PaneUpdated, ReplyDelta, ReplyFinished, WorkspaceEvent
 from app.remote.remote_pane import RemoteReply
-from app.workspace.conversation import MessageState, ReplyStats
+from app.workspace.messages import MessageState, ReplyStats
 
 if TYPE_CHECKING:
     from engine import AsyncBatch

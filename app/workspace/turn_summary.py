@@ -28,7 +28,7 @@ from app.workspace.json_reply import check_reply, is_json_constraint
 if TYPE_CHECKING:
     from engine.structured import Constraint
 
-    from app.workspace.conversation import ReplyStats
+    from app.workspace.messages import ReplyStats
     from app.workspace.pane import Pane
 
 

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from app.store.export import ChatImportError, comparison_markdown, from_json, to_json, to_markdown
-from app.workspace.conversation import Conversation, Message
+from app.workspace.conversation import Conversation
+from app.workspace.messages import Message
 from app.errors import AppError
 from engine.params import SamplingParams
 from tests.app.fixtures.chats import assert_same, build_conversation, stats

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from app.workspace.conversation import Conversation, ReplyStats
+from app.workspace.conversation import Conversation
+
+from app.workspace.messages import ReplyStats
 from app.errors import MessageIndexError
 from engine.model.tokenizer import Tokenizer
 

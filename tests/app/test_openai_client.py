@@ -360,7 +360,7 @@ def test_a_stream_that_stops_halfway(bad_server: str, scenario: str) -> None:
 
 @pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
 def test_reasoning_sent_apart_arrives_as_a_think_block(bad_server: str, field: str) -> None:
-    from app.workspace.conversation import Message
+    from app.workspace.messages import Message
 
     async def main() -> list[str]:
         async with OpenAIClient(f"{bad_server}/{field}/v1", model="m") as client:

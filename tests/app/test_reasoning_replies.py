@@ -6,7 +6,8 @@ summary, the Markdown export)."""
 from __future__ import annotations
 
 from app.store.export import reply_markdown
-from app.workspace.conversation import Conversation, Message, ReplyStats
+from app.workspace.conversation import Conversation
+from app.workspace.messages import Message, ReplyStats
 from app.workspace.turn_summary import TurnReply, figures_of, header, rows
 from tests.engine.test_reasoning import QWEN3, R1_LLAMA, first_turn, template_tokenizer
 

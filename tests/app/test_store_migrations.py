@@ -230,7 +230,7 @@ def test_v3_to_v4_adds_reply_versions(tmp_path: Path) -> None:
         assert trip.kept_ids == [1, 2, 3, 7, 8, 9] and trip.turn_marks == [None, 6]
         assert [p.conversation_id for p in store.load_layout()] == [CONV]
         # A migrated store keeps versions like a new one.
-        from app.workspace.conversation import Message, ReplyVersion, ReplyVersions
+        from app.workspace.messages import Message, ReplyVersion, ReplyVersions
 
         old = Message("assistant", "Lyon.", token_ids=[4, 5])
         trip.messages[1].versions = ReplyVersions([ReplyVersion("Where to?", [old], [5], [1, 2, 3, 4, 5]), None], 1)

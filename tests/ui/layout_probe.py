@@ -57,7 +57,7 @@ def build_window(width: int, height: int, panes: int) -> Any:
 def stream_long_reply(window: Any, process_events: Any, text: str = LONG_CODE_REPLY, stop_last: bool = False) -> None:
     """Every pane: a question, then `text` streamed in chunks and finished, as the workspace reports it."""
     from app import events as ev
-    from app.workspace.conversation import ReplyStats
+    from app.workspace.messages import ReplyStats
 
     stats = ReplyStats(300, 41.2, 0.05, 812, 800, None, 3.0)
     views = list(window.panes.values())

@@ -16,7 +16,8 @@ from tests.ui.test_window_chats import _close, _make
 
 def _chat_file(tmp_path: Path, model_id: str, turns: int = 5) -> Path:
     from app.store.export import to_json
-    from app.workspace.conversation import Conversation, Message
+    from app.workspace.conversation import Conversation
+    from app.workspace.messages import Message
 
     conversation = Conversation(title="Trams of Lisbon", model_id=model_id)
     for n in range(turns):

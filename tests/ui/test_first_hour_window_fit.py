@@ -133,7 +133,7 @@ def test_an_unknown_context_size_fits_the_narrowest_meter(window_of: Any, qapp: 
 
 
 def test_the_stats_line_follows_the_zoom_and_stays_smaller_than_the_text(window_of: Any, qapp: Any) -> None:
-    from app.workspace.conversation import ReplyStats
+    from app.workspace.messages import ReplyStats
 
     window = window_of(1)
     view = next(iter(window.panes.values()))

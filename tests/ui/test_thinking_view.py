@@ -46,7 +46,7 @@ def settle(qapp: Any) -> None:
 def stream(window: Any, texts: list[str], after_flush: Callable[[], None], chunk: int = 7) -> None:
     """Pane i: a question, then texts[i] in `chunk`-character deltas, a frame after each round."""
     from app import events as ev
-    from app.workspace.conversation import ReplyStats
+    from app.workspace.messages import ReplyStats
 
     views = list(window.panes.values())
     for view, text in zip(views, texts):

@@ -112,7 +112,7 @@ def test_context_meter_without_a_known_size_is_not_a_full_bar(window_of: Any) ->
 
 def test_a_remote_panes_meter_counts_what_the_server_reported(window_of: Any) -> None:
     from app.remote.remote_pane import RemoteBackend
-    from app.workspace.conversation import ReplyStats
+    from app.workspace.messages import ReplyStats
 
     window = window_of(panes=1)
     view = next(iter(window.panes.values()))

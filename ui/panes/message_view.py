@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from engine.documents import Document
     from engine.structured import Constraint
 
-    from app.workspace.conversation import Message, ReplyStats
+    from app.workspace.messages import Message, ReplyStats
 
 
 def format_stats(stats: ReplyStats | None, streaming: bool = False) -> str:

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from engine.documents import Document
 
     from app.models.registry import ModelEntry
-    from app.workspace.conversation import ReplyStats
+    from app.workspace.messages import ReplyStats
     from app.workspace.workspace import Pane
 
 # Room left for the next message when deciding that the context is nearly full.
