@@ -17,7 +17,8 @@ marked incomplete so its chip says so). Nothing is ever cut silently.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import asyncio
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -171,6 +172,29 @@ def plan_send(
         if kept:
             send.groups.append((engine, kept))
     return send
+
+
+async def plan_send_beside(
+    groups: Callable[[], Sequence[tuple[Engine, list[Pane]]]], question: str, documents: Sequence[Document],
+    first_part: Collection[int], refuse_busy: Callable[[], None],
+) -> SendPlan:
+    """plan_send for the panes `groups()` gives, on a thread when documents go with the message:
+    it encodes each pane's whole prompt (and a bisection of encodes for first parts), up to
+    seconds for long documents in several panes, while the loop's thread (the window) runs
+    beside it; the tokenizer lets go of the GIL. `refuse_busy` raises if a pane began a reply
+    meanwhile; a pane whose chat or model changed is planned again on the loop's thread."""
+    if not documents:
+        return plan_send(groups(), question, documents, first_part)
+
+    def state() -> list[tuple[int, int, int]]:
+        return [(id(engine), pane.id, len(pane.conversation.messages)) for engine, group in groups() for pane in group]
+
+    before = state()
+    planned = await asyncio.to_thread(plan_send, groups(), question, documents, first_part)
+    refuse_busy()
+    if state() != before:
+        planned = plan_send(groups(), question, documents, first_part)
+    return planned
 
 
 def document_tokens(tokenizer: Tokenizer, document: Document) -> int:

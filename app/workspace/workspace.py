@@ -54,7 +54,7 @@ from app.events import (
 from app.remote.openai_client import RemoteError
 from app.remote.remote_pane import RemoteBackend, RemoteReply
 from app.settings import Settings
-from app.workspace.attachments import SendPlan, plan_send
+from app.workspace.attachments import plan_send_beside
 from app.workspace.carry_forward import CarryResult, carried_reply, prompt_for_carried_ids, why_not_carried
 from app.workspace.context_policy import PromptPlan, drop_notice, plan_prompt
 from app.workspace.conversation import CONTEXT_POLICIES, Conversation
@@ -428,9 +428,8 @@ class Workspace:
         (EngineNotReadyError) or a prompt cannot run (ContextFullError, the engine's PromptError).
         With `skip_busy` a busy target is left out and named in `turn.skipped` (PaneBusyError only
         when all are). A pane the documents do not fit is left out and named in `turn.refused`, or,
-        if its id is in `first_part`, gets their first parts that fit (app.workspace.attachments);
-        DocumentsTooLargeError when none is left.
-        """
+        if its id is in `first_part`, gets their first parts that fit (app.workspace.attachments;
+        planned on a thread); DocumentsTooLargeError when none is left."""
         targeted = self._targets(targets)
         if not text.strip() and not documents:
             raise EmptyMessageError()
@@ -438,7 +437,8 @@ class Workspace:
         if len(skipped) == len(targeted) or not skip_busy:
             self._refuse_busy(targeted)
         panes = [pane for pane in targeted if pane not in skipped]
-        planned = await self._plan_send(panes, text, documents, first_part)
+        planned = await plan_send_beside(lambda: self._local_groups(panes), text, documents, first_part,
+                                         lambda: self._refuse_busy(panes))
         if not (panes := [pane for pane in panes if pane not in planned.refused_panes]):
             raise DocumentsTooLargeError(planned.refused[0][1])
         runs = start_batches(planned.groups, planned.plans)
@@ -564,29 +564,6 @@ class Workspace:
         if not panes:
             raise NoTargetError()
         return panes
-
-    async def _plan_send(
-        self, panes: list[Pane], text: str, documents: Sequence[Document], first_part: Collection[int]
-    ) -> SendPlan:
-        """plan_send, on a thread when documents go with the message: it encodes each pane's whole
-        prompt (and a bisection of encodes for first parts), up to seconds for long documents in
-        several panes, while the window runs beside it (the tokenizer lets go of the GIL). A pane
-        that began a reply meanwhile refuses the send; one whose chat or model changed is planned
-        again here."""
-        groups = self._local_groups(panes)
-        if not documents:
-            return plan_send(groups, text, documents, first_part)
-
-        def state() -> list[tuple[int, int, int]]:
-            return [(id(engine), pane.id, len(pane.conversation.messages))
-                    for engine, group in self._local_groups(panes) for pane in group]
-
-        before = state()
-        planned = await asyncio.to_thread(plan_send, groups, text, documents, first_part)
-        self._refuse_busy(panes)
-        if state() != before:
-            planned = plan_send(self._local_groups(panes), text, documents, first_part)
-        return planned
 
     @staticmethod
     def _refuse_busy(panes: Sequence[Pane]) -> None:

@@ -16,7 +16,6 @@ from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import QApplication
 
 import app.workspace.attachments as attachments_module
-import app.workspace.workspace as workspace_module
 from app.workspace.attachments import fit_documents
 from engine.documents import user_message_with_documents
 from ui.dialogs.document_viewer import DocumentViewer
@@ -61,12 +60,13 @@ async def test_documents_attach_fit_send_and_show_as_chips(
 ) -> None:
     window = make_window(panes=3)
     planners: list[str] = []  # the threads that plan a send with documents: never the window's
+    plan = attachments_module.plan_send
 
     def plan_send(*args: Any) -> Any:
         planners.append(threading.current_thread().name)
-        return attachments_module.plan_send(*args)
+        return plan(*args)
 
-    monkeypatch.setattr(workspace_module, "plan_send", plan_send)
+    monkeypatch.setattr(attachments_module, "plan_send", plan_send)
     workspace, composer, attachments = window.workspace, window.composer, window.attachments
     first, second, small = (workspace.pane(pid) for pid in window.pane_order())
     # Pane 3 keeps most of its context for the reply: the notes do not fit it.
