@@ -261,5 +261,28 @@ def test_stream_chunks_hold_a_possible_call_and_send_each_call_whole() -> None:
     assert choice["message"]["tool_calls"][0]["function"] == {"name": "f", "arguments": "{}"}
 
 
+def test_parallel_tool_calls_false_keeps_a_replys_first_call_only() -> None:
+    # tool_choice "auto" decodes freely: a model may call two tools though the request asked for one.
+    head = responses.ResponseHead("chatcmpl-1", 1, "m")
+    two = ('<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>\n'
+           '<tool_call>\n{"name": "g", "arguments": {"b": 2}}\n</tool_call>')
+    for one_call, names in ((False, ["f", "g"]), (True, ["f"])):
+        whole = responses.chat_completion(head, [_answer(two)], {}, None, FORMATS["hermes"], one_call)
+        choice = whole["choices"][0]
+        assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == names
+        assert choice["finish_reason"] == "tool_calls"
+        chunks = responses.ChatChunks(head, include_usage=False, tools=FORMATS["hermes"], one_call=one_call)
+        streamed: dict[int, dict[str, str]] = {}
+        for piece in [two[i : i + 7] for i in range(0, len(two), 7)]:
+            chunk = chunks.text(0, piece)
+            for entry in (chunk or {"choices": [{"delta": {}}]})["choices"][0]["delta"].get("tool_calls", []):
+                call = streamed.setdefault(entry["index"], {"name": "", "arguments": ""})
+                call["name"] += entry["function"].get("name", "")
+                call["arguments"] += entry["function"]["arguments"]
+        assert chunks.finish(0, "stop")["choices"][0]["finish_reason"] == "tool_calls"
+        assert [c["name"] for c in streamed.values()] == names
+        assert json.loads(streamed[0]["arguments"]) == {"a": 1}
+
+
 def _answer(text: str, finish_reason: str = "stop") -> Any:
     return SimpleNamespace(text=text, finish_reason=finish_reason)

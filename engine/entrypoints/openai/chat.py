@@ -57,12 +57,13 @@ async def create_chat_completion(request: Request, models: ServedModels) -> Resp
     thinks = reasoning.reply_start(engine.tokenizer, ids)
     # A marker that is a special token (Mistral's [TOOL_CALLS]) is no part of a reply's text.
     markers = {token_id: text for text, token_id in special_markers(fmt, engine.tokenizer).items()} if fmt else {}
+    one_call = req.tools is not None and not req.tools.parallel
     if req.stream:
-        chunks = responses.ChatChunks(head, req.include_usage, thinks, fmt, markers)
+        chunks = responses.ChatChunks(head, req.include_usage, thinks, fmt, markers, one_call)
         return stream_choices(choices, chunks, req.model)
     outputs = await wait_for_outputs(request, choices, req.model)
     if outputs is None:
         return Response(status_code=proto.CLIENT_CLOSED_REQUEST)
     answers = [_Answer(text_with_markers(o.text, o.token_ids, markers, engine.tokenizer.decode), o.finish_reason)
                for o in outputs]
-    return JSONResponse(responses.chat_completion(head, answers, choices.usage(), thinks, fmt))
+    return JSONResponse(responses.chat_completion(head, answers, choices.usage(), thinks, fmt, one_call))

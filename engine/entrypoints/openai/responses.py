@@ -86,6 +86,7 @@ def chat_completion(
     usage: dict[str, Any],
     starts_in_reasoning: bool | None = None,
     tools: ToolCallFormat | None = None,
+    one_call: bool = False,
 ) -> dict[str, Any]:
     """The JSON answer of a chat completion, choice i being `outputs[i]`.
 
@@ -93,23 +94,26 @@ def chat_completion(
     the content); else whether its replies start inside the think block, and
     each message has the block as `reasoning_content` (null when it has none).
     `tools`: the model's tool-call format when the request offered tools; the
-    calls in a reply become its `tool_calls`, and its finish reason "tool_calls"."""
+    calls in a reply become its `tool_calls` (its first only with `one_call`:
+    parallel_tool_calls false), and its finish reason "tool_calls"."""
     choices = []
     for i, o in enumerate(outputs):
-        message = chat_message(o.text, starts_in_reasoning, tools)
+        message = chat_message(o.text, starts_in_reasoning, tools, one_call)
         reason = "tool_calls" if message.get("tool_calls") and o.finish_reason == "stop" else \
             finish_reason(o.finish_reason)
         choices.append({"index": i, "message": message, "logprobs": None, "finish_reason": reason})
     return {**head.fields("chat.completion"), "choices": choices, "usage": usage}
 
 
-def chat_message(text: str, starts_in_reasoning: bool | None, tools: ToolCallFormat | None = None) -> dict[str, Any]:
+def chat_message(
+    text: str, starts_in_reasoning: bool | None, tools: ToolCallFormat | None = None, one_call: bool = False
+) -> dict[str, Any]:
     if starts_in_reasoning is None:
         message: dict[str, Any] = {"role": "assistant", "content": text}
     else:
         parts = split_reply(text, starts_in_reasoning=starts_in_reasoning)
         message = {"role": "assistant", "content": parts.answer, "reasoning_content": parts.reasoning or None}
-    return message if tools is None else with_tool_calls(message, tools)
+    return message if tools is None else with_tool_calls(message, tools, one_call=one_call)
 
 
 def completion(head: ResponseHead, outputs: Sequence[FinishedChoice], usage: dict[str, Any]) -> dict[str, Any]:
@@ -163,12 +167,13 @@ class ChatChunks:
     starts_in_reasoning: bool | None = None
     tools: ToolCallFormat | None = None
     markers: Mapping[int, str] = field(default_factory=dict)
+    one_call: bool = False  # parallel_tool_calls false: a choice's first call only
     _started: set[int] = field(default_factory=set)
     _parsers: dict[int, ReasoningParser] = field(default_factory=dict)
     _calls: ToolCallDeltas | None = None
 
     def __post_init__(self) -> None:
-        self._calls = ToolCallDeltas(self.tools) if self.tools is not None else None
+        self._calls = ToolCallDeltas(self.tools, self.one_call) if self.tools is not None else None
 
     def text(self, index: int, text: str, token_ids: Sequence[int] = ()) -> dict[str, Any] | None:
         if self.markers:

@@ -349,13 +349,15 @@ def text_with_markers(text: str, token_ids: Sequence[int], markers: Mapping[int,
 # -- the answer ----------------------------------------------------------------------
 
 
-def with_tool_calls(message: dict[str, Any], fmt: ToolCallFormat) -> dict[str, Any]:
+def with_tool_calls(message: dict[str, Any], fmt: ToolCallFormat, *, one_call: bool = False) -> dict[str, Any]:
     """An answer's message with the calls in its content as `tool_calls`; its
-    content null beside them unless the model wrote more, as OpenAI's."""
+    content null beside them unless the model wrote more, as OpenAI's.
+    `one_call` (parallel_tool_calls false): a model that called several tools
+    anyway gives only its first call."""
     parsed = parse_tool_calls(fmt, message["content"])
     if parsed.calls:
         message["content"] = parsed.content.strip() or None
-        message["tool_calls"] = _call_objects(parsed.calls, fmt)
+        message["tool_calls"] = _call_objects(parsed.calls[:1] if one_call else parsed.calls, fmt)
     return message
 
 
@@ -364,9 +366,11 @@ class ToolCallDeltas:
     """The calls in each choice's streamed answer, as `delta.tool_calls` entries
     numbered within the choice: a call's first entry has its index, id, type
     and name, the next ones pieces of its arguments (engine.model.tool_calls
-    streams them once the call is certain); text that may start a call waits."""
+    streams them once the call is certain); text that may start a call waits.
+    `one_call` (parallel_tool_calls false): calls after a choice's first are left out."""
 
     fmt: ToolCallFormat
+    one_call: bool = False
     _parsers: dict[int, ToolCallParser] = field(default_factory=dict)
     _calls: dict[int, int] = field(default_factory=dict)  # calls begun, per choice
 
@@ -383,13 +387,16 @@ class ToolCallDeltas:
             if isinstance(piece, str):
                 text.append(piece)
             elif isinstance(piece, ArgumentsFragment):
+                if self.one_call and self._calls[index] > 1:
+                    continue
                 if entries and entries[-1]["index"] == self._calls[index] - 1:
                     entries[-1]["function"]["arguments"] += piece.text
                 else:
                     entries.append({"index": self._calls[index] - 1, "function": {"arguments": piece.text}})
             else:  # a call begun (its arguments follow) or a whole one
                 call = piece if isinstance(piece, ToolCall) else ToolCall(piece.name, "")
-                entries += _call_objects([call], self.fmt, first_index=self._calls.get(index, 0))
+                if not (self.one_call and self._calls.get(index, 0) >= 1):
+                    entries += _call_objects([call], self.fmt, first_index=self._calls.get(index, 0))
                 self._calls[index] = self._calls.get(index, 0) + 1
         return "".join(text), entries
 
