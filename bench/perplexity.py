@@ -85,12 +85,16 @@ Head = Callable[[torch.Tensor], torch.Tensor]
 
 def round_to_int8_groups(x: torch.Tensor) -> torch.Tensor:
     """x with each group of 32 inputs rounded as quant_matmul.c `quantize_row`
-    does: levels of the group's largest magnitude / 127, half to even, times
-    that scale in fp16 (ggml's block_q8_0.d)."""
+    (and ggml-cpu's quantize_row_q8_0) does: levels x * (127 / max|x|), half
+    to even, times the scale max|x| / 127 in fp16 (ggml's block_q8_0.d).
+    127 / max is a true float32 division: torch's `127 / tensor` multiplies
+    by a reciprocal, an ulp off for a quarter of all values, which rounds
+    inputs on ties (many, after a q8_0 embedding's first norm) the other way."""
     groups = x.float().reshape(x.shape[0], -1, GROUP)
-    scale = groups.abs().amax(dim=-1, keepdim=True) / 127.0
-    levels = torch.where(scale > 0, torch.round(groups / scale), torch.zeros_like(groups)).clamp(-127, 127)
-    return (levels * scale.half().float()).reshape(x.shape)
+    amax = groups.abs().amax(dim=-1, keepdim=True)
+    inverse = torch.where(amax > 0, amax.new_tensor(127.0) / amax, torch.zeros_like(amax))
+    levels = torch.round(groups * inverse).clamp(-127, 127)
+    return (levels * (amax / 127.0).half().float()).reshape(x.shape)
 
 
 class Int8Inputs:

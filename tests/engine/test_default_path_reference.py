@@ -1,38 +1,45 @@
 """The default path on the real default model, against a plain PyTorch
 reference of what its kernels compute.
 
-The reference reads the imported folder's weights (dequantized exactly:
-every q4_1 and q8_0 weight is a float32 number), prepares each product's
-input in float32 as the kernels do (the fused RMSNorm and SwiGLU), rounds
-it to int8 in groups of 32 (ggml's q8 activations: scale = max|x| / 127,
-round half to even), and does all the rest in float64: the products, RoPE,
-causal attention, the residual stream.
+The reference reads the imported folder's weights (their levels, fp16
+scales and q4_1 mins), prepares each product's input in float32 as the
+kernels do (the fused RMSNorm and SwiGLU, with the C library's expf),
+rounds it to int8 in groups of 32 as ggml-cpu's quantize_row_q8_0 / q8_1
+do (level = x * (127 / max|x|) in float32, round half to even; the scale
+max|x| / 127 in fp16, and a q4_1 weight's min times fp16(scale * the
+group's level sum)), computes each product's output with the kernels' own
+float32 chain (the same bits), keeps the residual stream in float32 as the
+engine does, and does the rest in float64: RoPE, causal attention.
 
-The float32 preparation matters, bit for bit: an embedding row is a q8_0
-table's levels times one scale, so after the first norm many inputs land
-exactly on a rounding tie, where any other arithmetic rounds some of them
-the other way and moves the logits by up to ~2 (as much as dropping the
-rounding altogether). Further in, an input can still sit within an ulp of a
-tie; where it does, the two sides round it apart and the row moves by one
-int8 step of its group. So the layers are compared one at a time from the
-engine's own input (bounds below), the head from the engine's own final
-hidden states, and the whole chain by its greedy tokens.
+The bits matter: an embedding row is a q8_0 table's levels times one
+scale, so after the first norm many inputs land exactly on a rounding tie,
+where any other arithmetic rounds some of them the other way and moves the
+logits by up to ~2 (as much as dropping the rounding altogether). Attention
+still differs from the engine's by float32 rounding, so an input can sit
+within an ulp of a tie; where it does, the two sides round it apart and the
+row moves by one int8 step of its group. So the layers are compared one at
+a time from the engine's own input (bounds below), the head from the
+engine's own final hidden states, and the whole chain by its greedy tokens.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import math
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
 from engine.core.scheduler import ScheduledChunk, ScheduleResult
-from engine.formats.loader import load_model, read_weights
+from engine.formats.loader import load_model, quantized_formats, read_weights, stored_quantized
+from engine.formats.safetensors import read_tensors, weight_files
 from engine.llm import Engine
 from engine.model.config import ModelConfig, rope_inverse_frequencies
-from engine.model.quant import GROUP_SIZE, QuantLinear, cpu_kernel_available
+from engine.model.quant import GROUP_SIZE, cpu_kernel_available, take_rows
 from engine.params import SamplingParams
 from engine.runner.cpu import ModelRunner
 
@@ -45,14 +52,28 @@ PROMPT = [{"role": "user", "content": "Which planet is the largest in the solar 
 NEW_TOKENS = 12
 
 
-def rounded_to_int8_groups(x: torch.Tensor) -> torch.Tensor:
-    """x as the kernels quantize a product's inputs, back in float64."""
+_LIBM = ctypes.CDLL(ctypes.util.find_library("m"))
+_LIBM.expf.restype, _LIBM.expf.argtypes = ctypes.c_float, [ctypes.c_float]
+
+
+def expf(x: torch.Tensor) -> torch.Tensor:
+    """The C library's expf of each element of a float32 tensor."""
+    flat = x.float().reshape(-1).tolist()
+    return torch.tensor([_LIBM.expf(v) for v in flat], dtype=torch.float32).view(x.shape)
+
+
+def int8_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x's groups of 32 as the kernels quantize a product's inputs (ggml's
+    q8_0 / q8_1 blocks): levels [..., G, 32], the fp32 scale max|x| / 127
+    [..., G, 1] and the multiplier 127 / max|x| the levels are rounded with.
+    Both divisions are true float32 divisions: torch's `127 / tensor` is
+    127 * (1 / tensor), an ulp off for a quarter of all values."""
     groups = x.float().reshape(*x.shape[:-1], -1, GROUP_SIZE)
-    scale = groups.abs().amax(-1, keepdim=True) / 127
-    inverse = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
+    amax = groups.abs().amax(-1, keepdim=True)
+    scale = amax / 127
+    inverse = torch.where(amax > 0, amax.new_tensor(127.0) / amax, torch.zeros_like(amax))
     levels = torch.round(groups * inverse).clamp(-127, 127)
-    # The levels come from the fp32 scale, the products use it in fp16 (ggml's block_q8_0.d).
-    return (levels.double() * scale.half().double()).reshape(x.shape)
+    return levels, scale, inverse
 
 
 class Reference:
@@ -61,16 +82,47 @@ class Reference:
     def __init__(self, folder: Path) -> None:
         self.c = ModelConfig.from_folder(folder)
         self.w = {name: t.double() for name, t in read_weights(folder).items()}
+        stored = dict(read_tensors(weight_files(folder)))
+        # Each quantized weight's levels [groups, 32, rows], scales and q4_1 mins [rows, groups].
+        self.blocks: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
+        for name, fmt in quantized_formats(folder).items():
+            q = stored_quantized(stored.pop, name, fmt)
+            assert fmt in ("q8_0", "q4_1"), fmt  # the default model's formats
+            levels = q.levels().view(q.shape[0], -1, GROUP_SIZE).permute(1, 2, 0).float().contiguous()
+            self.blocks[name] = (levels, q.scales.float(), None if q.mins is None else q.mins.float())
         self.inv_freq = torch.tensor(rope_inverse_frequencies(self.c), dtype=torch.float64)
 
     def product(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        return rounded_to_int8_groups(x) @ self.w[name].T
+        """x's rows rounded to int8 groups times the weight, as the kernels
+        compute each output (quant_matmul.c's header): per group g in order,
+        acc = fma(d_w * d_x, P, acc) (then fma(min_w, s_x, acc) for q4_1),
+        in float32, P the exact integer dot product. d_w * d_x (two fp16
+        numbers) and each fma's product are exact in float64, so rounding
+        the float64 sum to float32 is the fma (but for a double rounding, at
+        odds of ~2^-29). The same bits as the kernels, so an input on a
+        rounding tie after a join rounds the same way on both sides."""
+        levels, dx, _ = int8_groups(x)
+        w_levels, dw, mins = self.blocks[name]
+        dx16 = dx.half().float().squeeze(-1)
+        sums = ((dx * levels.sum(-1, keepdim=True)).half().float().squeeze(-1)) if mins is not None else None
+        # [groups, tokens, rows]: integers under 2^24, exact in float32
+        dots = torch.bmm(levels.transpose(0, 1), w_levels).double().numpy()
+        # d_w * d_x: exact in float32 (11 + 11 significant bits). In numpy: a
+        # chain of small steps, where torch's per-op overhead would dominate.
+        steps = (dx16[:, None, :] * dw[None, :, :]).double().numpy()
+        mins_sums = None if mins is None else (mins[None, :, :].double() * sums[:, None, :].double()).numpy()
+        acc = np.zeros((x.shape[0], w_levels.shape[2]), dtype=np.float32)
+        for g in range(w_levels.shape[0]):
+            acc = (acc + steps[:, :, g] * dots[g]).astype(np.float32)
+            if mins_sums is not None:
+                acc = (acc + mins_sums[:, :, g]).astype(np.float32)
+        return torch.from_numpy(acc).double()
 
     def norm(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        """RMSNorm as the kernels fuse it: the squares summed in float64 in
-        order (a cumulative sum adds them in the kernel's order), the rest in
-        float32."""
-        squares = x.float().double().pow(2).cumsum(-1)[..., -1:]
+        """RMSNorm as the kernels fuse it (and as ggml's rms_norm does): the
+        float32 squares summed in float64 in order (a cumulative sum adds
+        them in the kernel's order), the rest in float32."""
+        squares = x.float().pow(2).double().cumsum(-1)[..., -1:]
         mean_square = (squares / x.shape[-1]).float()
         # sqrtf and 1/x, correctly rounded (torch's float32 sqrt is not
         # always): done in float64, then rounded once to float32.
@@ -80,8 +132,12 @@ class Reference:
 
     @staticmethod
     def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        """In float32 with the C library's expf, as the kernels fuse it:
+        torch's exp is an ulp apart from it on ~1% of inputs, enough to round
+        an input of the down product across a tie now and then (by a step of
+        its group, large in a row with an outlier)."""
         gate, up = gate.float(), up.float()
-        return gate / (1 + torch.exp(-gate)) * up
+        return gate / (1 + expf(-gate)) * up
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         freqs = torch.outer(positions.to(self.inv_freq.dtype), self.inv_freq)
@@ -113,11 +169,18 @@ class Reference:
         scores = torch.einsum("qhd,khd->hqk", q, keys) / math.sqrt(dim)
         probs = torch.softmax(scores.masked_fill(~causal, float("-inf")), -1)
         attn = torch.einsum("hqk,khd->qhd", probs, values).reshape(t, heads * dim)
-        x = x + self.product(attn, p + "self_attn.o_proj.weight")
+        x = self.join(x, self.product(attn, p + "self_attn.o_proj.weight"))
         h = self.norm(x, p + "post_attention_layernorm.weight")
         gate = self.product(h, p + "mlp.gate_proj.weight")
         up = self.product(h, p + "mlp.up_proj.weight")
-        return x + self.product(self.swiglu(gate, up), p + "mlp.down_proj.weight"), (k, v)
+        return self.join(x, self.product(self.swiglu(gate, up), p + "mlp.down_proj.weight")), (k, v)
+
+    @staticmethod
+    def join(x: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
+        """The residual stream after a branch joins it, in float32 as the
+        engine keeps it: the next norm's inputs are float32 numbers, and the
+        rows of a q8_0 embedding sit on rounding ties there."""
+        return (x.float() + branch.float()).double()
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits from the last layer's output: torch's RMSNorm in float32 (as
@@ -154,25 +217,30 @@ def prompt_ids(default_model_dir: Path) -> list[int]:
 
 
 def _native_layer_inputs(model, ids: list[int]) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
-    """The default path on `ids` in one prefill: the residual stream entering
-    each layer (what its fused q/k/v product reads), the LM head's input and
-    the logits."""
+    """The default path on `ids`, one prefill per depth: the residual stream
+    entering each layer and leaving the last (the embeddings, then what the
+    final RMSNorm reads when the model is cut after layer i), the LM head's
+    input and the logits of the whole model."""
     streams: list[torch.Tensor] = []
-    original = QuantLinear.product_into
+    layers, original = model.layers, torch.nn.functional.rms_norm
 
-    def record(self, x, out, **kwargs):  # type: ignore[no-untyped-def]
-        if any(self is layer.qkv for layer in model.layers):
+    def record(x, shape, weight=None, eps=None):  # type: ignore[no-untyped-def]
+        if weight is model.norm:
             streams.append(x.clone())
-        original(self, x, out, **kwargs)
+        return original(x, shape, weight, eps)
 
-    QuantLinear.product_into = record  # type: ignore[method-assign]
+    streams.append(take_rows(model.embed, torch.tensor(ids)))  # the default model's table is quantized
+    torch.nn.functional.rms_norm = record
     try:
-        runner = ModelRunner(model, model.new_kv_cache(16, 16))
-        seq = SimpleNamespace(token_ids=ids, pages=list(range(16)), sampler=None)
-        step = ScheduleResult(decodes=[], prefills=[ScheduledChunk(seq, 0, len(ids))])  # type: ignore[arg-type]
-        hidden, _, _ = runner.forward(step)
+        for depth in range(1, len(layers) + 1):
+            model.layers = layers[:depth]
+            runner = ModelRunner(model, model.new_kv_cache(16, 16))
+            seq = SimpleNamespace(token_ids=ids, pages=list(range(16)), sampler=None)
+            step = ScheduleResult(decodes=[], prefills=[ScheduledChunk(seq, 0, len(ids))])  # type: ignore[arg-type]
+            hidden, _, _ = runner.forward(step)
     finally:
-        QuantLinear.product_into = original  # type: ignore[method-assign]
+        torch.nn.functional.rms_norm = original
+        model.layers = layers
     return streams, hidden, model.logits(hidden)
 
 
@@ -182,7 +250,7 @@ def test_every_layer_of_the_default_path_matches_the_reference(
     model = load_model(default_model_dir, "cpu")
     assert model.native_forward  # the default path: quantized kernels on the CPU
     streams, hidden, logits = _native_layer_inputs(model, prompt_ids)
-    assert len(streams) == reference.c.num_hidden_layers
+    assert len(streams) == reference.c.num_hidden_layers + 1
     # Layer by layer from the same input, so no error is carried from earlier
     # layers. Most rows agree to float32 summation (ROW_BOUND of the
     # stream's size); a row where an input sat within an ulp of a rounding

@@ -13,6 +13,7 @@ against a float64 reference of the same arithmetic.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import pytest
 
@@ -85,6 +86,10 @@ def test_every_variant_gives_the_portable_bits(builds: dict, fmt: str, rows: int
     }
     for variant, out in outs.items():
         assert torch.equal(out, outs["portable"]), variant
+    # A row alone (the SIMD builds' one-row tiles, compiled per format) has
+    # the bits it has in the batch.
+    alone = native.quant_matmul(fmt, x[-1:], packed.data, packed.scales, packed.mins, bias, rows=cols)
+    assert torch.equal(alone[0], outs["portable"][-1])
 
 
 # Rows of x, output columns and inputs on both sides of the tiles (4 rows,
@@ -117,21 +122,38 @@ def test_raw_blocks_give_the_portable_bits(builds: dict, fmt: str, rows: int, co
     assert torch.equal(alone[0], outs["portable"][-1])
 
 
-def _rounded_inputs(x: torch.Tensor, block: int) -> torch.Tensor:
-    """x as the kernel quantizes it, back in float64: per 32, scale max|x| /
-    127 (q8_0); per 256, scale 1 / (127 / max|x|) (q8_K); levels rounded
-    half to even."""
+def _input_levels(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x's blocks as the kernel quantizes them (ggml-cpu's quantize_row_q8_0
+    per 32, q8_K per 256): levels x * (127 / max|x|) rounded half to even,
+    and the block's fp32 scale, max|x| / 127 (q8_0) or 1 / (127 / max|x|)
+    (q8_K). 127 / max is a true float32 division: torch's `127 / tensor`
+    is 127 * (1 / tensor), an ulp off for a quarter of all values."""
     blocks = x.reshape(x.shape[0], -1, block)
     amax = blocks.abs().amax(-1, keepdim=True)
+    inverse = torch.where(amax > 0, amax.new_tensor(127.0) / amax, torch.zeros_like(amax))
     if block == 256:
-        inverse = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
         scale = torch.where(amax > 0, 1 / inverse, torch.zeros_like(amax))
     else:
         scale = amax / 127
-        inverse = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
-        scale = scale.half().float()  # ggml's block_q8_0.d: the levels from fp32, the products in fp16
-    levels = torch.round(blocks * inverse).clamp(-127, 127)
+    return torch.round(blocks * inverse).clamp(-127, 127), scale
+
+
+def _rounded_inputs(x: torch.Tensor, block: int) -> torch.Tensor:
+    """x as the kernel quantizes it, back in float64 (a q8_0 block's scale in
+    fp16, ggml's block_q8_0.d: the levels from fp32, the products in fp16)."""
+    levels, scale = _input_levels(x, block)
+    if block != 256:
+        scale = scale.half().float()
     return (levels.double() * scale.double()).reshape(x.shape)
+
+
+def _scaled_sums(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per block of 32: what a q4_1 / q5_1 weight's min multiplies in the
+    kernel, fp16(fp32 scale * level sum) (ggml's block_q8_1.s), and what it
+    multiplies in `_rounded_inputs(x, 32) @ w`, fp16(scale) * level sum."""
+    levels, scale = _input_levels(x, 32)
+    sums = levels.sum(-1, keepdim=True)
+    return (scale * sums).half().double().squeeze(-1), (scale.half().double() * sums.double()).squeeze(-1)
 
 
 @pytest.mark.parametrize("fmt", list(RAW_BLOCK_FORMATS))
@@ -147,6 +169,10 @@ def test_raw_block_products_are_the_exact_arithmetic(fmt: str, rows: int, cols: 
     got = native.quant_matmul(fmt, x, pack_weight(weight).data, None, None, None, rows=cols).double()
     rounded = _rounded_inputs(x, activation_block(fmt))
     want = rounded @ weight.dequantize(torch.float64).T
+    if fmt == "q5_1":  # each block's min times the block's fp16 scaled sum
+        kernel_sums, rounded_sums = _scaled_sums(x)
+        mins = weight.data.view(-1, RAW_BLOCK_FORMATS[fmt][1])[:, 2:4].contiguous().view(torch.float16)
+        want = want + (kernel_sums - rounded_sums) @ mins.view(cols, -1).double().T
     parts = [weight.data.clone(), weight.data.clone()]
     if fmt in ("q4_k", "q5_k", "q5_1"):  # the scale part (min zeroed) and the min part (scale zeroed)
         blocks = [p.view(-1, RAW_BLOCK_FORMATS[fmt][1]) for p in parts]
@@ -264,3 +290,128 @@ def test_a_packed_weight_with_a_wrong_shape_is_refused() -> None:
         PackedQuantizedTensor("q4_1", packed.data, packed.scales, packed.mins, rows=17)
     with pytest.raises(ValueError, match="scales"):
         PackedQuantizedTensor("q4_1", packed.data, packed.scales[:, :1], packed.mins, rows=16)
+
+
+# The rounding of a product's inputs, pinned to ggml-cpu's (quantize_row_q8_0
+# / q8_1 / q8_K): level = x * (127 / max|x|) in float32, rounded half to
+# even. Inputs on exact ties tell the rule apart from its near neighbours:
+# 1 / (max / 127) (an ulp off 127 / max for some max) and half away from
+# zero (C's roundf). After the first RMSNorm of a q8_0 embedding table
+# hundreds of a prefill's inputs sit on such ties, and a rule an ulp apart
+# moved the default model's Q4_K_M perplexity 1.5% from llama.cpp's.
+
+
+def _levels(x: np.ndarray, rule: str) -> np.ndarray:
+    """float32 blocks x [..., n] to levels by `rule`, in numpy's IEEE float32."""
+    amax = np.abs(x).max(-1, keepdims=True)
+    if rule == "127/max, half-even":
+        return np.rint(x * (np.float32(127) / amax))
+    if rule == "1/(max/127), half-even":
+        return np.rint(x * (np.float32(1) / (amax / np.float32(127))))
+    scaled = x * (np.float32(127) / amax)  # "127/max, half away from zero"
+    return np.sign(scaled) * np.floor(np.abs(scaled) + np.float32(0.5))
+
+
+RULES = ("127/max, half-even", "1/(max/127), half-even", "127/max, half away from zero")
+
+
+def _tie_block(n: int, seed: int) -> np.ndarray:
+    """n float32 inputs, the first the block's max: the rest are exact ties
+    of x * fl(127 / max) that 1 / (max / 127) rounds the other way, and
+    ties of +-(k + 1/2) at max 127 (where 127 / max is 1)."""
+    f = np.float32
+    rng = np.random.default_rng(seed)
+    while True:
+        amax = f(rng.uniform(0.5, 4.0))
+        inverse = f(127) / amax
+        other = f(1) / (amax / f(127))
+        ties = []
+        for k in range(1, 126):
+            x = f((k + 0.5) / float(inverse))
+            for candidate in (x, np.nextafter(x, f(0)), np.nextafter(x, f(amax))):
+                if candidate * inverse == f(k + 0.5) and np.rint(candidate * other) != np.rint(candidate * inverse):
+                    ties.append(candidate)
+                    break
+        if len(ties) >= 8:
+            break
+    block = np.resize(np.array(ties, dtype=np.float32), n)
+    block[::2] *= -1
+    block[0] = amax
+    return block
+
+
+def _tie_rows(rows: int, block: int) -> np.ndarray:
+    """Rows of two blocks each: tie blocks, one of them with max 127."""
+    x = np.stack([np.concatenate([_tie_block(block, 2 * r), _tie_block(block, 2 * r + 1)]) for r in range(rows)])
+    halves = np.arange(block, dtype=np.float32) % 127 + np.float32(0.5)  # +-(k + 1/2) ...
+    x[0, :block] = np.where(np.arange(block) % 2 == 0, halves, -halves)
+    x[0, 0] = np.float32(127)  # ... at max 127: x * (127 / max) is x itself
+    for rule in RULES[1:]:  # the ties tell every other rule apart
+        assert (_levels(x.reshape(rows, 2, block), rule) != _levels(x.reshape(rows, 2, block), RULES[0])).any(), rule
+    return x
+
+
+def _identity_q4_k(n: int) -> QuantizedTensor:
+    """q4_k blocks of an n x n identity: d 1, dmin 0, every sub-block scale
+    1 and min 0, level 1 at the diagonal, so output j is the kernel's
+    rounded input j (its q8_K scale times its level)."""
+    blocks = torch.zeros(n, n // 256, 144, dtype=torch.uint8)
+    blocks[:, :, 0:2] = torch.tensor([1.0], dtype=torch.float16).view(torch.uint8)
+    blocks[:, :, 4:8] = 1  # sub-blocks 0-3: scale 1, min 0 (bytes 8-11)
+    blocks[:, :, 12:16] = 1  # sub-blocks 4-7: scale 1 (low nibbles), min 0
+    for j in range(n):
+        pair, within = divmod(j % 256, 64)
+        blocks[j, j // 256, 16 + 32 * pair + within % 32] = 1 if within < 32 else 0x10
+    return QuantizedTensor("q4_k", blocks.view(n, -1))
+
+
+def test_q8_0_inputs_round_as_ggml_on_ties(builds: dict) -> None:
+    """quantize_row (q8_0 / q5_0 / q4_* / q5_1 products): through an
+    identity weight, output j is input j's level times its block's fp16
+    scale, exactly."""
+    x = _tie_rows(5, 32)
+    blocks = x.reshape(5, 2, 32)
+    scale = torch.from_numpy(np.abs(blocks).max(-1, keepdims=True) / np.float32(127)).half().double()
+    weight = QuantizedTensor("q8_0", torch.eye(64, dtype=torch.int8), torch.ones(64, 2, dtype=torch.float16))
+    packed = pack_weight(weight)
+    want = {rule: (torch.from_numpy(_levels(blocks, rule)).double() * scale).view(5, 64) for rule in RULES}
+    for variant, lib in builds.items():
+        got = native.quant_matmul("q8_0", torch.from_numpy(x), packed.data, packed.scales, None, None, rows=64, lib=lib)
+        assert torch.equal(got.double(), want[RULES[0]]), variant
+        assert not any(torch.equal(got.double(), want[rule]) for rule in RULES[1:])
+
+
+def test_q8_k_inputs_round_as_ggml_on_ties(builds: dict) -> None:
+    """quantize_row_super (the K-quant products): output j of an identity
+    q4_k weight is input j's level times its super-block's scale
+    1 / (127 / max), rounded once to float32."""
+    x = _tie_rows(3, 256)
+    blocks = x.reshape(3, 2, 256)
+    scale = np.float32(1) / (np.float32(127) / np.abs(blocks).max(-1, keepdims=True))
+    weight = _identity_q4_k(512)
+    assert torch.equal(weight.dequantize(), torch.eye(512))
+    packed = pack_weight(weight)
+    want = {rule: torch.from_numpy((_levels(blocks, rule) * scale).reshape(3, 512)) for rule in RULES}
+    for variant, lib in builds.items():
+        got = native.quant_matmul("q4_k", torch.from_numpy(x), packed.data, None, None, None, rows=512, lib=lib)
+        assert torch.equal(got, want[RULES[0]]), variant
+        assert not any(torch.equal(got, want[rule]) for rule in RULES[1:])
+
+
+def test_q4_1_mins_take_ggml_q8_1_scaled_sums(builds: dict) -> None:
+    """A q4_1 / q5_1 block's min multiplies fp16(fp32 scale * level sum), as
+    block_q8_1.s holds it, not fp16(scale) * level sum: with every weight
+    scale 0 and min 1, each output is the row's two scaled sums added."""
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(6, 64, generator=gen)
+    x[:, 5] = 3.0  # the sums are far from 0, where fp16 rounding shows
+    weight = QuantizedTensor("q4_1", torch.zeros(16, 32, dtype=torch.uint8), torch.zeros(16, 2, dtype=torch.float16),
+                             torch.ones(16, 2, dtype=torch.float16))
+    packed = pack_weight(weight)
+    kernel_sums, rounded_sums = _scaled_sums(x)
+    want = (kernel_sums[:, 0].float() + kernel_sums[:, 1].float())[:, None].expand(6, 16)
+    other = (rounded_sums[:, 0].float() + rounded_sums[:, 1].float())[:, None].expand(6, 16)
+    assert not torch.equal(want, other)
+    for variant, lib in builds.items():
+        got = native.quant_matmul("q4_1", x, packed.data, packed.scales, packed.mins, None, rows=16, lib=lib)
+        assert torch.equal(got, want), variant
