@@ -275,3 +275,16 @@ async def test_the_check_runs_off_the_gui_thread_and_the_mark_follows(loop: Any,
         assert message.body.code_blocks()[0].text().strip() == text
         await wait_until(lambda: message.json_verdict is not None, what="the mark")
         assert message.json_mark.text() == mark and message.json_mark.isVisibleTo(message)
+
+
+def test_the_turn_summary_shows_a_long_json_verdict_whole_in_its_tooltip(qtbot: Any) -> None:
+    from app.workspace.turn_summary import ReplyFigures
+    from ui.dialogs.turn_summary import TurnSummaryDialog
+
+    dialog = TurnSummaryDialog()
+    qtbot.addWidget(dialog)
+    why = "invalid: ends before the JSON is complete (it reached the token limit)"
+    dialog.show_figures("Describe the film", [ReplyFigures(1, "Pane 1", "SmolLM2", 4, 10, 40.0, 0.2, {}, json=why)])
+    head = [dialog.table.horizontalHeaderItem(c).text() for c in range(dialog.table.columnCount())]
+    item = dialog.table.item(0, head.index("JSON"))
+    assert item.text() == why and item.toolTip() == why

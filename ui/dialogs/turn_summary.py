@@ -73,6 +73,7 @@ class TurnSummaryDialog(QDialog):
         for r, row in enumerate(cells):
             for c, text in enumerate(row):
                 item = QTableWidgetItem(text)
+                item.setToolTip(text)  # a long cell (the JSON verdict, a title) may be wider than its column
                 if c >= 2 and head[c] not in TEXT_COLUMNS:
                     item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
                 self.table.setItem(r, c, item)
