@@ -161,6 +161,18 @@ def write_text_atomically(path: str | os.PathLike[str], text: str) -> Path:
     return path
 
 
+def set_aside(path: str | os.PathLike[str]) -> Path | None:
+    """Move a file of Tandem's that could not be fully used to `<name>.bad`, so the user can
+    look at it and a fresh one is written in its place; where it went, None when it could not be moved."""
+    path = Path(path)
+    bad = path.with_name(path.name + ".bad")
+    try:
+        os.replace(path, bad)
+    except OSError:
+        return None
+    return bad
+
+
 def make_private_file(path: str | os.PathLike[str]) -> bool:
     """Tighten one of Tandem's own files to 0600 when it is looser; whether it is private now.
 

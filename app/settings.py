@@ -42,6 +42,7 @@ from app.files import (
     make_private_file,
     make_private_folder,
     read_json_file,
+    set_aside,
     write_text_atomically,
 )
 from engine.config import DEVICES, DTYPES, EngineConfig
@@ -136,7 +137,7 @@ class Settings:
             return cls._bad_file(path, "it does not hold a JSON object")
         settings, problems = cls.from_dict(raw)
         if problems:
-            kept = _keep_aside(path)
+            kept = set_aside(path)
             settings.load_warning = (
                 f"Some settings in {path} were not valid and the defaults are used for them: "
                 + "; ".join(problems)
@@ -146,7 +147,7 @@ class Settings:
 
     @classmethod
     def _bad_file(cls, path: Path, why: str) -> Settings:
-        kept = _keep_aside(path)
+        kept = set_aside(path)
         settings = cls()
         settings.load_warning = (
             f"The settings file {path} was not used because {why}; the defaults are used instead."
@@ -357,12 +358,3 @@ def _tighten(path: Path) -> None:
         except OSError:  # read-only: the settings are still usable
             pass
 
-
-def _keep_aside(path: Path) -> Path | None:
-    """Move a settings file the application could not fully use to `<name>.bad`."""
-    bad = path.with_name(path.name + ".bad")
-    try:
-        os.replace(path, bad)
-    except OSError:
-        return None
-    return bad

@@ -36,13 +36,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.files import UnreadableFileError, make_private_file, read_json_file, write_text_atomically
+from app.files import UnreadableFileError, make_private_file, read_json_file, set_aside, write_text_atomically
 from app.models.checks import (
     FolderCheck,
     GGUFSummary,
@@ -482,12 +481,8 @@ class ModelRegistry:
 
 
     def _bad_file(self, why: str, kept_entries: list[ModelEntry], report: bool) -> None:
-        bad = self.path.with_name(self.path.name + ".bad")
-        try:
-            os.replace(self.path, bad)
-            kept = f" The file was kept as {bad}."
-        except OSError:
-            kept = ""
+        bad = set_aside(self.path)
+        kept = f" The file was kept as {bad}." if bad else ""
         self._entries = kept_entries
         saved = ""
         if kept_entries:

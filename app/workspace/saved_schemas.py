@@ -13,13 +13,14 @@ larger than an engine.structured Constraint accepts.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from engine.structured import Constraint, InvalidConstraint
 
 from app.errors import AppError
-from app.files import MAX_CONFIG_FILE_BYTES, UnreadableFileError, make_private_folder, read_json_file, write_text_atomically
+from app.files import (
+    MAX_CONFIG_FILE_BYTES, UnreadableFileError, make_private_folder, read_json_file, set_aside, write_text_atomically,
+)
 
 SAVED_SCHEMAS_FILE_NAME = "json-schemas.json"
 MAX_SAVED_SCHEMAS = 100
@@ -109,12 +110,8 @@ class SavedSchemas:
         self.schemas = schemas
 
     def _set_aside(self, why: str) -> None:
-        bad = self.path.with_name(self.path.name + ".bad")
-        try:
-            os.replace(self.path, bad)
-            kept = f" It was kept as {bad}."
-        except OSError:
-            kept = ""
+        bad = set_aside(self.path)
+        kept = f" It was kept as {bad}." if bad else ""
         self.load_warning = f"The saved JSON schemas in {self.path} were not used because {why}.{kept}"
 
 
