@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
+from engine.kernels import native
 from engine.params import SamplingParams
 from engine.structured.constraint import InvalidConstraint, one_line
 
@@ -145,11 +146,11 @@ def sample(
     if writes:  # a copy: argmax alone (never written) copes with any value
         _make_finite_(logits)
     if not sampled:
-        tokens = logits.argmax(dim=1)
+        tokens = _greedy(logits)
     elif len(sampled) == len(samplers):
         tokens = _draw(logits, _warp(logits, [s.params for s in samplers]), samplers)
     else:
-        tokens = logits.argmax(dim=1)
+        tokens = _greedy(logits)
         rows = torch.tensor(sampled, device=logits.device)
         sampled_logits = logits[rows]
         floor = _warp(sampled_logits, [samplers[i].params for i in sampled])
@@ -157,6 +158,14 @@ def sample(
     if mask is not None:
         _keep_allowed_(tokens, mask)
     return tokens.tolist()
+
+
+def _greedy(logits: torch.Tensor) -> torch.Tensor:
+    """logits.argmax(dim=1), by the native kernel where the CPU engine has
+    loaded it (torch's CPU argmax took 1 ms of a 16-sequence step)."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.stride(1) == 1 and native.loaded():
+        return native.argmax_rows(logits)
+    return logits.argmax(dim=1)
 
 
 def _apply_mask_(logits: torch.Tensor, mask: TokenMask) -> None:

@@ -3,7 +3,7 @@ reference of what its kernels compute.
 
 The reference reads the imported folder's weights (their levels, fp16
 scales and q4_1 mins), prepares each product's input in float32 as the
-kernels do (the fused RMSNorm and SwiGLU, with the C library's expf),
+kernels do (the fused RMSNorm, and SwiGLU with ggml's AVX2 exp),
 rounds it to int8 in groups of 32 as ggml-cpu's quantize_row_q8_0 / q8_1
 do (level = x * (127 / max|x|) in float32, round half to even; the scale
 max|x| / 127 in fp16, and a q4_1 weight's min times fp16(scale * the
@@ -24,8 +24,6 @@ engine's own final hidden states, and the whole chain by its greedy tokens.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import math
 from pathlib import Path
 from types import SimpleNamespace
@@ -42,6 +40,7 @@ from engine.model.config import ModelConfig, rope_inverse_frequencies
 from engine.model.quant import GROUP_SIZE, cpu_kernel_available, take_rows
 from engine.params import SamplingParams
 from engine.runner.cpu import ModelRunner
+from tests.engine import ggml_math
 
 pytestmark = pytest.mark.skipif(not cpu_kernel_available(), reason="the quantized CPU kernels are unavailable")
 
@@ -50,16 +49,6 @@ ROW_BOUND = 1e-5
 FLIP_BOUND = 1e-3
 PROMPT = [{"role": "user", "content": "Which planet is the largest in the solar system, and why is it so big?"}]
 NEW_TOKENS = 12
-
-
-_LIBM = ctypes.CDLL(ctypes.util.find_library("m"))
-_LIBM.expf.restype, _LIBM.expf.argtypes = ctypes.c_float, [ctypes.c_float]
-
-
-def expf(x: torch.Tensor) -> torch.Tensor:
-    """The C library's expf of each element of a float32 tensor."""
-    flat = x.float().reshape(-1).tolist()
-    return torch.tensor([_LIBM.expf(v) for v in flat], dtype=torch.float32).view(x.shape)
 
 
 def int8_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -132,12 +121,12 @@ class Reference:
 
     @staticmethod
     def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        """In float32 with the C library's expf, as the kernels fuse it:
-        torch's exp is an ulp apart from it on ~1% of inputs, enough to round
-        an input of the down product across a tie now and then (by a step of
-        its group, large in a row with an outlier)."""
-        gate, up = gate.float(), up.float()
-        return gate / (1 + expf(-gate)) * up
+        """In float32 with ggml_v_expf's arithmetic, as the kernels fuse it
+        (tests/engine/ggml_math.py): another exp (torch's, the C library's)
+        is an ulp apart on ~1% of inputs, enough to round an input of the
+        down product across a tie now and then (by a step of its group,
+        large in a row with an outlier)."""
+        return torch.from_numpy(ggml_math.swiglu(gate.float().numpy(), up.float().numpy()))
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         freqs = torch.outer(positions.to(self.inv_freq.dtype), self.inv_freq)

@@ -13,6 +13,8 @@ against a float64 reference of the same arithmetic.
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 import torch
 import pytest
@@ -29,6 +31,7 @@ from engine.model.quant import (
     random_raw_weight,
     take_rows,
 )
+from tests.engine import ggml_math
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no C compiler for the native kernels")
 
@@ -415,3 +418,96 @@ def test_q4_1_mins_take_ggml_q8_1_scaled_sums(builds: dict) -> None:
     for variant, lib in builds.items():
         got = native.quant_matmul("q4_1", x, packed.data, packed.scales, packed.mins, None, rows=16, lib=lib)
         assert torch.equal(got, want), variant
+
+
+def test_fma32_rounds_once() -> None:
+    """The tests' float32 fused multiply-add against exact rational arithmetic,
+    on random triples and on sums that land on a float32 tie in float64."""
+    gen = np.random.default_rng(3)
+    a = gen.standard_normal(3000).astype(np.float32)
+    b = gen.standard_normal(3000).astype(np.float32)
+    c = (gen.standard_normal(3000) * 10.0 ** gen.integers(-8, 8, 3000)).astype(np.float32)
+    # c = -(a * b rounded to float32) + half an ulp of it: exact sums a hair off a tie
+    c[:1000] = -(a[:1000] * b[:1000]).astype(np.float32)
+    got = ggml_math.fma32(a, b, c)
+    for i in range(3000):
+        exact = Fraction(float(a[i])) * Fraction(float(b[i])) + Fraction(float(c[i]))
+        assert got[i] == np.float32(_round_to_float32(exact)), i
+
+
+def _round_to_float32(value: Fraction) -> float:
+    """value rounded to the nearest float32 (ties to even), as a Python float."""
+    low = float(np.float32(float(value)))  # within an ulp of the answer
+    candidates = {np.float32(low), np.nextafter(np.float32(low), np.float32(np.inf)),
+                  np.nextafter(np.float32(low), np.float32(-np.inf))}
+    best = min(candidates, key=lambda f: (abs(Fraction(float(f)) - value), int(np.float32(f).view(np.uint32)) & 1))
+    return float(best)
+
+
+def test_swiglu_is_ggml_silu_to_the_bit(builds: dict) -> None:
+    """The fused SwiGLU computes e^ as ggml_v_expf (ggml-cpu's AVX2 SiLU),
+    every build to the bit, at widths with and without a tail of under 8
+    inputs, on gates over the whole range: both far branches (|n| > 126,
+    > 192: gates beyond about 87 and 133), 0 and -0, overflow to inf."""
+    gen = torch.Generator().manual_seed(12)
+    gate = torch.cat([
+        torch.randn(2, 61, generator=gen) * 4,
+        torch.linspace(-200, 200, 122).view(2, 61),
+        torch.tensor([[0.0, -0.0, 1e-30, -1e-30, 87.0, -87.0, 88.5, -88.5, 103.9, -104.5, 133.0, -133.5, 150.0]
+                      + [1.0] * 48] * 2),
+    ])
+    up = torch.randn(gate.shape, generator=gen)
+    want = ggml_math.swiglu(gate.numpy(), up.numpy())
+    for variant, lib in builds.items():
+        for width in (61, 56):
+            got = native.prepare_rows("swiglu", torch.cat([gate[:, :width], up[:, :width]], 1), lib=lib)
+            assert np.array_equal(got.numpy().view(np.uint32), want[:, :width].view(np.uint32)), (variant, width)
+    # ggml's exp is within two ulp of e^x where the result is a normal float
+    x = np.linspace(-87, 88, 200001).astype(np.float32)
+    ulps = np.abs(ggml_math.exp_ggml(x).astype(np.float64) - np.exp(x.astype(np.float64))) / np.spacing(
+        np.exp(x.astype(np.float64)).astype(np.float32)).astype(np.float64)
+    assert ulps.max() <= 2.0
+
+
+def test_rms_norm_input_sums_squares_in_order(builds: dict) -> None:
+    """The fused RMSNorm: float32 squares summed in double in input order,
+    1 / sqrtf(mean + eps), then x * inv * weight, every build to the bit."""
+    gen = torch.Generator().manual_seed(13)
+    x = torch.randn(5, 587, generator=gen) * torch.logspace(-3, 3, 587)
+    weight = 1 + 0.1 * torch.randn(587, generator=gen)
+    xs = x.numpy()
+    squares = np.cumsum((xs * xs).astype(np.float64), axis=1)[:, -1:]  # cumsum: in order
+    inv = np.float32(1) / np.sqrt((squares / 587).astype(np.float32) + np.float32(1e-5)).astype(np.float32)
+    want = (xs * inv * weight.numpy()).astype(np.float32)
+    for variant, lib in builds.items():
+        got = native.prepare_rows("rms_norm", x, norm_weight=weight, eps=1e-5, lib=lib)
+        assert np.array_equal(got.numpy().view(np.uint32), want.view(np.uint32)), variant
+
+
+@pytest.mark.parametrize("rows, n", [(1, 5), (3, 8), (2, 61), (16, 49152), (1, 49153)])
+def test_argmax_rows_answers_as_torch(builds: dict, rows: int, n: int) -> None:
+    """Greedy decoding's native argmax: torch.argmax(dim=1)'s answer (first
+    index of the largest value, the first NaN where there is one), on rows
+    under one vector, with a tail, and over the threads' threshold."""
+    gen = torch.Generator().manual_seed(14)
+    logits = torch.randn(rows, n, generator=gen)
+    cases = [logits]
+    tied = logits.clone()
+    tied[:, n // 2] = tied[:, -1] = tied[:, 0] = 100.0  # ties: the first index wins
+    cases.append(tied)
+    flat = torch.full((rows, n), -torch.inf)  # every value -inf: index 0
+    cases.append(flat)
+    with_nan = logits.clone()
+    with_nan[:, -1] = torch.nan
+    with_nan[0, n // 3] = torch.nan
+    with_nan[-1, n - 1 - n // 4] = torch.inf
+    cases.append(with_nan)
+    late = logits.clone()
+    late[:, -1] = torch.inf  # the largest in the tail past the last vector
+    cases.append(late)
+    wide = torch.randn(rows, n + 3, generator=gen)[:, :n]  # rows at a stride
+    cases.append(wide)
+    for case in cases:
+        want = case.argmax(dim=1)
+        for variant, lib in builds.items():
+            assert torch.equal(native.argmax_rows(case, lib=lib), want), variant

@@ -45,7 +45,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name(name) for name in ("quant_matmul.c", "paged_attention.c", "forward.c")]
+SOURCES = [Path(__file__).with_name(name) for name in ("quant_matmul.c", "paged_attention.c", "forward.c", "argmax.c")]
 FORMAT_CODES = {"q8_0": 0, "q4_0": 1, "q4_1": 2, "q4_k": 3, "q5_k": 4, "q6_k": 5, "q5_0": 6, "q5_1": 7}
 # Weights per block of each format: the packed data's second dimension counts blocks.
 BLOCK_WEIGHTS = {fmt: 256 if fmt.endswith("_k") else 32 for fmt in FORMAT_CODES}
@@ -194,6 +194,10 @@ def _bind(path: Path) -> ctypes.CDLL:
     lib.tandem_rope_write_kv.restype = c_int
     lib.tandem_quant_take_rows.argtypes = [c_int, i64, ptr, i64, ptr, ptr, ptr, ptr]
     lib.tandem_quant_take_rows.restype = c_int
+    lib.tandem_argmax_rows.argtypes = [i64, i64, ptr, i64, ptr, c_int]
+    lib.tandem_argmax_rows.restype = c_int
+    lib.tandem_prepare_rows.argtypes = [c_int, i64, i64, ptr, i64, ptr, ctypes.c_float, ptr]
+    lib.tandem_prepare_rows.restype = c_int
     lib.tandem_quant_simd.argtypes = []
     lib.tandem_quant_simd.restype = c_int
     lib.tandem_forward_layers.argtypes = [ptr, i64, ptr]
@@ -275,6 +279,12 @@ def available() -> bool:
     return True
 
 
+def loaded() -> bool:
+    """Whether the kernels are loaded already (a question that builds nothing:
+    code that only might use them, such as greedy sampling, asks this)."""
+    return _library is not None
+
+
 def _pointer(tensor: torch.Tensor | None) -> int | None:
     return None if tensor is None else tensor.data_ptr()
 
@@ -340,6 +350,38 @@ def quant_matmul_into(
         INPUT_OPS[input_op], _pointer(norm_weight), eps, int(accumulate), _pointer(out_norm), out_scale,
     )
     _check(status, "tandem_quant_gemm")
+    return out
+
+
+def prepare_rows(
+    input_op: str, x: torch.Tensor, *, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+    lib: ctypes.CDLL | None = None,
+) -> torch.Tensor:
+    """A product's input preparation alone: op(x) per row of x (float32,
+    [M, K], or [M, 2K] gate then up for "swiglu" / "geglu"), as
+    quant_matmul_into's input_op computes it before rounding to int8."""
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    width = x.shape[1] if input_op == "rms_norm" else x.shape[1] // 2
+    out = torch.empty(x.shape[0], width, dtype=torch.float32)
+    status = (lib or library()).tandem_prepare_rows(
+        INPUT_OPS[input_op], x.shape[0], width, x.data_ptr(), x.stride(0), _pointer(norm_weight), eps, out.data_ptr(),
+    )
+    _check(status, "tandem_prepare_rows")
+    return out
+
+
+def argmax_rows(logits: torch.Tensor, *, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """torch.argmax(logits, dim=1) for float32 [rows, n] logits on the CPU
+    (the first index of each row's largest value, a NaN counting as the
+    largest), as int64 [rows]."""
+    if logits.dtype != torch.float32 or logits.dim() != 2 or logits.stride(1) != 1:
+        raise ValueError("argmax_rows takes float32 [rows, n] logits with contiguous rows")
+    out = torch.empty(logits.shape[0], dtype=torch.int64)
+    status = (lib or library()).tandem_argmax_rows(
+        logits.shape[0], logits.shape[1], logits.data_ptr(), logits.stride(0), out.data_ptr(), torch.get_num_threads(),
+    )
+    _check(status, "tandem_argmax_rows")
     return out
 
 

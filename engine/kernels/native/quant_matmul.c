@@ -181,23 +181,85 @@ static inline uint16_t float_to_half(float f) {
  * inputs a prefill sit on ties); the scale max / 127 kept in fp16 as
  * block_q8_0.d, and the scaled sum fp16(fp32 scale * sum) as
  * block_q8_1.s. The products then use the very numbers llama.cpp's do. */
+#if TANDEM_SIMD
+/* The largest |x| of n inputs (n a multiple of 8): lane by lane as the
+ * scalar loop's `a > amax ? a : amax` (max_ps(a, m) is a > m ? a : m, so
+ * a NaN input is passed over as there), lanes then combined (the maximum
+ * of numbers: any order). */
+static inline float max_abs(const float *x, int64_t n) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)), m);
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+/* Levels of 32 inputs, x * inv rounded as lrintf rounds (the MXCSR's
+ * default: nearest, ties to even) and clamped to +-127, stored to q; the
+ * levels as int32 lanes, added in two halves: half[0] inputs 0..15, half[1]
+ * 16..31 (per lane, exact). */
+static inline void levels32(const float *x, __m256 inv, int8_t *q, __m256i half[2]) {
+    __m256i v[4];
+    for (int i = 0; i < 4; i++) {
+        const __m256i t = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * i), inv));
+        v[i] = _mm256_max_epi32(_mm256_min_epi32(t, _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
+    }
+    /* packs interleave 4-level runs per 128-bit lane: dwords v0[0..3] v1[0..3] v2 v3, v0[4..7] ... */
+    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+    _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    half[0] = _mm256_add_epi32(v[0], v[1]);
+    half[1] = _mm256_add_epi32(v[2], v[3]);
+}
+
+static inline int32_t sum_lanes(__m256i v) {
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xB1));
+    return _mm_cvtsi128_si32(h);
+}
+#endif
+
+/* One row of x to int8 groups: q[K], scale[K/32], the sum of each group's
+ * levels, and scale * that sum (what the q4_1 / q5_1 mins multiply), as
+ * ggml-cpu's quantize_row_q8_0 / q8_1 compute them (x86 AVX2 and the
+ * other SIMD paths alike): level = x * (127 / max|x|) rounded to nearest,
+ * ties to even, with that very float 127 / max (not 1 / (max / 127), which
+ * is an ulp apart for some max and rounds an input on or near a tie the
+ * other way: after the first norm of a q8_0 embedding table, hundreds of
+ * inputs a prefill sit on ties); the scale max / 127 kept in fp16 as
+ * block_q8_0.d, and the scaled sum fp16(fp32 scale * sum) as
+ * block_q8_1.s. The products then use the very numbers llama.cpp's do.
+ * The SIMD builds compute each level with the same multiply and rounding
+ * (a tenth of a 16-row step's time as scalar code). */
 static void quantize_row(const float *x, int64_t K, int8_t *q, float *scale, int32_t *level_sum, float *scaled_sum) {
     for (int64_t g = 0; g < K / GROUP; g++) {
         const float *xg = x + g * GROUP;
+#if TANDEM_SIMD
+        const float amax = max_abs(xg, GROUP);
+#else
         float amax = 0.0f;
         for (int i = 0; i < GROUP; i++) {
             float a = fabsf(xg[i]);
             amax = a > amax ? a : amax;
         }
+#endif
         const float d = amax / 127.0f;
         const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
         int sum = 0;
+#if TANDEM_SIMD
+        __m256i half[2];
+        levels32(xg, _mm256_set1_ps(inv), q + g * GROUP, half);
+        sum = sum_lanes(_mm256_add_epi32(half[0], half[1]));
+#else
         for (int i = 0; i < GROUP; i++) {
             int v = (int)lrintf(xg[i] * inv);
             v = v > 127 ? 127 : (v < -127 ? -127 : v);
             q[g * GROUP + i] = (int8_t)v;
             sum += v;
         }
+#endif
         scale[g] = half_to_float(float_to_half(d));
         level_sum[g] = sum;
         scaled_sum[g] = half_to_float(float_to_half(d * (float)sum));
@@ -214,6 +276,16 @@ static void quantize_row_super(const float *x, int64_t K, int8_t *q, float *scal
     for (int64_t s = 0; s < K / SUPER; s++) {
         const float *xs = x + s * SUPER;
         int8_t *qs = q + s * SUPER;
+#if TANDEM_SIMD
+        const float amax = max_abs(xs, SUPER);
+        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        for (int b = 0; b < SUPER / GROUP; b++) {
+            __m256i half[2];
+            levels32(xs + b * GROUP, _mm256_set1_ps(inv), qs + b * GROUP, half);
+            sum16[s * (SUPER / 16) + 2 * b] = (int16_t)sum_lanes(half[0]);
+            sum16[s * (SUPER / 16) + 2 * b + 1] = (int16_t)sum_lanes(half[1]);
+        }
+#else
         float amax = 0.0f;
         for (int i = 0; i < SUPER; i++) {
             float a = fabsf(xs[i]);
@@ -224,12 +296,13 @@ static void quantize_row_super(const float *x, int64_t K, int8_t *q, float *scal
             int v = (int)lrintf(xs[i] * inv);
             qs[i] = (int8_t)(v > 127 ? 127 : (v < -127 ? -127 : v));
         }
-        scale[s] = amax > 0.0f ? 1.0f / inv : 0.0f;
         for (int j = 0; j < SUPER / 16; j++) {
             int sum = 0;
             for (int i = 0; i < 16; i++) sum += qs[16 * j + i];
             sum16[s * (SUPER / 16) + j] = (int16_t)sum;
         }
+#endif
+        scale[s] = amax > 0.0f ? 1.0f / inv : 0.0f;
     }
 }
 
@@ -382,27 +455,140 @@ enum { INPUT_AS_IS = 0, INPUT_RMS_NORM = 1, INPUT_SWIGLU = 2, INPUT_GEGLU = 3 };
 
 /* out = x / rms(x) * weight over n inputs: the float32 squares summed in
  * double, in order (the same bits in every build), as ggml's rms_norm
- * sums them, so the products' inputs are llama.cpp's to the bit. */
-static void rms_norm_row(const float *x, int64_t n, const float *weight, float eps, float *out) {
-    double squares = 0.0;
-    for (int64_t k = 0; k < n; k++) squares += (double)(x[k] * x[k]);
-    float inv = 1.0f / sqrtf((float)(squares / (double)n) + eps);
-    for (int64_t k = 0; k < n; k++) out[k] = x[k] * inv * weight[k];
+ * sums them, so the products' inputs are llama.cpp's to the bit. Up to
+ * four rows at once (`rows`, at x_stride and n apart in out): each row's
+ * sum is its own chain in order, the four chains interleaved (a chain of
+ * dependent double additions is the norm's whole cost). */
+static void rms_norm_rows(const float *x, int64_t x_stride, int rows, int64_t n, const float *weight, float eps,
+                          float *out) {
+    const float *r0 = x, *r1 = rows > 1 ? x + x_stride : x, *r2 = rows > 2 ? x + 2 * x_stride : x,
+                *r3 = rows > 3 ? x + 3 * x_stride : x;
+    double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+    for (int64_t k = 0; k < n; k++) {
+        s0 += (double)(r0[k] * r0[k]);
+        s1 += (double)(r1[k] * r1[k]);
+        s2 += (double)(r2[k] * r2[k]);
+        s3 += (double)(r3[k] * r3[k]);
+    }
+    const double squares[4] = {s0, s1, s2, s3};
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + r * x_stride;
+        float *o = out + r * n;
+        const float inv = 1.0f / sqrtf((float)(squares[r] / (double)n) + eps);
+        int64_t k = 0;
+#if TANDEM_SIMD
+        const __m256 inv8 = _mm256_set1_ps(inv);
+        for (; k + 8 <= n; k += 8)
+            _mm256_storeu_ps(o + k, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + k), inv8), _mm256_loadu_ps(weight + k)));
+#endif
+        for (; k < n; k++) o[k] = xr[k] * inv * weight[k];
+    }
 }
 
-static void prepare_row(int input_op, const float *x, int64_t K, const float *norm_weight, float eps, float *out) {
+static void rms_norm_row(const float *x, int64_t n, const float *weight, float eps, float *out) {
+    rms_norm_rows(x, 0, 1, n, weight, eps, out);
+}
+
+/* e^x as ggml-cpu's AVX2 SiLU computes it (ggml_v_expf, after Arm's
+ * optimized-routines expf: x = n ln2 + b, e^b by a degree-5 polynomial,
+ * times 2^n, with the far ranges scaled in two steps; at most 1.95 ulp
+ * off), one fixed sequence of float operations: the scalar code spells
+ * out what each SIMD lane does, so every build has the same bits, and the
+ * down products' inputs are llama.cpp's on an AVX2 machine. */
+static inline uint32_t bits_of(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+static inline float float_of(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+#define EXP_SHIFT 0x1.8p23f
+#define EXP_LOG2E 0x1.715476p+0f
+#define EXP_LN2_HI 0x1.62e4p-1f
+#define EXP_LN2_LO 0x1.7f7d1cp-20f
+#define EXP_C1 0x1.0e4020p-7f
+#define EXP_C2 0x1.573e2ep-5f
+#define EXP_C3 0x1.555e66p-3f
+#define EXP_C4 0x1.fffdb6p-2f
+#define EXP_C5 0x1.ffffecp-1f
+
+static inline float exp_ggml(float x) {
+    const float z = fmaf(x, EXP_LOG2E, EXP_SHIFT);
+    const float n = z - EXP_SHIFT;
+    const float b = fmaf(-n, EXP_LN2_LO, fmaf(-n, EXP_LN2_HI, x));
+    const uint32_t e = bits_of(z) << 23;
+    const float k = float_of(e + bits_of(1.0f));
+    const float u = b * b;
+    const float j = fmaf(fmaf(fmaf(EXP_C1, b, EXP_C2), u, fmaf(EXP_C3, b, EXP_C4)), u, EXP_C5 * b);
+    if (!(fabsf(n) > 126.0f)) return fmaf(k, j, k);
+    const uint32_t g = n <= 0.0f ? 0x82000000u : 0u;
+    const float s1 = float_of(g + 0x7f000000u), s2 = float_of(e - g);
+    if (fabsf(n) > 192.0f) return s1 * s1;
+    return fmaf(s2, j, s2) * s1;
+}
+
+#if TANDEM_SIMD
+static inline __m256 exp_ggml8(__m256 x) {
+    const __m256 r = _mm256_set1_ps(EXP_SHIFT);
+    const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(EXP_LOG2E), r);
+    const __m256 n = _mm256_sub_ps(z, r);
+    const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_LO), _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_HI), x));
+    const __m256i e = _mm256_slli_epi32(_mm256_castps_si256(z), 23);
+    const __m256 k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(_mm256_set1_ps(1.0f))));
+    const __m256 far = _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), n), _mm256_set1_ps(126.0f), _CMP_GT_OQ);
+    const __m256 u = _mm256_mul_ps(b, b);
+    const __m256 j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(EXP_C1), b, _mm256_set1_ps(EXP_C2)), u,
+                        _mm256_fmadd_ps(_mm256_set1_ps(EXP_C3), b, _mm256_set1_ps(EXP_C4))),
+        u, _mm256_mul_ps(_mm256_set1_ps(EXP_C5), b));
+    const __m256 near = _mm256_fmadd_ps(k, j, k);
+    if (!_mm256_movemask_ps(far)) return near;
+    const __m256i g = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ)),
+                                       _mm256_set1_epi32((int)0x82000000u));
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f000000)));
+    const __m256 s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+    const __m256 farther = _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), n), _mm256_set1_ps(192.0f), _CMP_GT_OQ);
+    const __m256 scaled = _mm256_blendv_ps(near, _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1), far);
+    return _mm256_blendv_ps(scaled, _mm256_mul_ps(s1, s1), farther);
+}
+#endif
+
+/* silu(gate) * up = gate / (1 + e^-gate) * up over n inputs (ggml's
+ * swiglu), e^ by exp_ggml. */
+static void swiglu_row(const float *gate, const float *up, int64_t n, float *out) {
+    int64_t k = 0;
+#if TANDEM_SIMD
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (; k + 8 <= n; k += 8) {
+        const __m256 g = _mm256_loadu_ps(gate + k);
+        const __m256 e = exp_ggml8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+        _mm256_storeu_ps(out + k, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + k)));
+    }
+#endif
+    for (; k < n; k++) out[k] = gate[k] / (1.0f + exp_ggml(0.0f - gate[k])) * up[k];
+}
+
+/* Rows [i0, i0 + rows) of x prepared for a product (rows <= 4). */
+static void prepare_rows(int input_op, const float *x, int64_t x_stride, int rows, int64_t K,
+                         const float *norm_weight, float eps, float *out) {
     if (input_op == INPUT_RMS_NORM) {
-        rms_norm_row(x, K, norm_weight, eps, out);
-    } else if (input_op == INPUT_SWIGLU) { /* x holds gate then up, K each */
-        for (int64_t k = 0; k < K; k++) {
-            float gate = x[k];
-            out[k] = gate / (1.0f + expf(-gate)) * x[K + k];
-        }
-    } else { /* INPUT_GEGLU: gelu(gate) * up, GELU's tanh form (Gemma) */
-        for (int64_t k = 0; k < K; k++) {
-            float gate = x[k];
-            float inner = 0.7978845608028654f * (gate + 0.044715f * gate * gate * gate);
-            out[k] = 0.5f * gate * (1.0f + tanhf(inner)) * x[K + k];
+        rms_norm_rows(x, x_stride, rows, K, norm_weight, eps, out);
+        return;
+    }
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + r * x_stride;
+        float *o = out + r * K;
+        if (input_op == INPUT_SWIGLU) { /* x holds gate then up, K each */
+            swiglu_row(xr, xr + K, K, o);
+        } else { /* INPUT_GEGLU: gelu(gate) * up, GELU's tanh form (Gemma) */
+            for (int64_t k = 0; k < K; k++) {
+                float gate = xr[k];
+                float inner = 0.7978845608028654f * (gate + 0.044715f * gate * gate * gate);
+                o[k] = 0.5f * gate * (1.0f + tanhf(inner)) * xr[K + k];
+            }
         }
     }
 }
@@ -1093,14 +1279,15 @@ int tandem_quant_gemm(int fmt, int64_t M, int64_t N, int64_t K, const float *x, 
     #pragma omp parallel num_threads(threads) if (threads > 1 && M * N * K >= (1 << 16))
     {
         #pragma omp for schedule(static)
-        for (int64_t i = 0; i < M; i++) {
-            const float *row = x + i * x_stride;
-            if (input_op != INPUT_AS_IS) {
-                prepare_row(input_op, row, K, norm_weight, eps, prepared + i * K);
-                row = prepared + i * K;
+        for (int64_t i0 = 0; i0 < M; i0 += 4) {
+            const int rows = M - i0 < 4 ? (int)(M - i0) : 4;
+            if (input_op != INPUT_AS_IS)
+                prepare_rows(input_op, x + i0 * x_stride, x_stride, rows, K, norm_weight, eps, prepared + i0 * K);
+            for (int64_t i = i0; i < i0 + rows; i++) {
+                const float *row = input_op != INPUT_AS_IS ? prepared + i * K : x + i * x_stride;
+                if (k_quant) quantize_row_super(row, K, xq + i * K, xd + i * groups, xsum16 + i * (K / 16));
+                else quantize_row(row, K, xq + i * K, xd + i * groups, xsum + i * groups, xs + i * groups);
             }
-            if (k_quant) quantize_row_super(row, K, xq + i * K, xd + i * groups, xsum16 + i * (K / 16));
-            else quantize_row(row, K, xq + i * K, xd + i * groups, xsum + i * groups, xs + i * groups);
         }
         #pragma omp for schedule(static)
         for (int64_t b = 0; b < blocks; b++) {
@@ -1122,6 +1309,18 @@ int tandem_quant_gemm(int fmt, int64_t M, int64_t N, int64_t K, const float *x, 
         }
     }
     free(xq); free(xd); free(xsum); free(xs); free(xsum16); free(prepared); free(branch);
+    return 0;
+}
+
+/* out[M, K] = op(x) for each row of x (its K inputs, 2K for the gated
+ * ops), the input preparation of tandem_quant_gemm on its own: what the
+ * tests compare with ggml's arithmetic. */
+int tandem_prepare_rows(int input_op, int64_t M, int64_t K, const float *x, int64_t x_stride,
+                        const float *norm_weight, float eps, float *out) {
+    if (input_op < 1 || input_op > 3 || (input_op == INPUT_RMS_NORM && norm_weight == NULL)) return 1;
+    for (int64_t i0 = 0; i0 < M; i0 += 4)
+        prepare_rows(input_op, x + i0 * x_stride, x_stride, M - i0 < 4 ? (int)(M - i0) : 4, K, norm_weight, eps,
+                     out + i0 * K);
     return 0;
 }
 
