@@ -96,8 +96,9 @@ def test_every_variant_gives_the_portable_bits(builds: dict, fmt: str, rows: int
 
 
 # Rows of x, output columns and inputs on both sides of the tiles (4 rows,
-# octets of 8 columns, blocks of 4 octets) and of a K-quant super-block.
-RAW_SHAPES = [(1, 8, 256), (3, 52, 512), (4, 37, 256), (5, 16, 768), (9, 70, 256), (33, 136, 512)]
+# octets of 8 columns, blocks of 4 octets), of a K-quant super-block, and of
+# the 5-bit levels kept for later passes (from 8 rows: two whole passes).
+RAW_SHAPES = [(1, 8, 256), (3, 52, 512), (4, 37, 256), (5, 16, 768), (8, 44, 256), (9, 70, 256), (33, 136, 512)]
 
 
 def _raw_product_case(fmt: str, rows: int, cols: int, inputs: int) -> tuple[QuantizedTensor, torch.Tensor]:

@@ -759,13 +759,24 @@ static inline __attribute__((always_inline)) void q8_0_piece(const uint8_t *cons
     }
 }
 
+/* A batch's rows pass over each block of octets TILE_ROWS at a time, and
+ * each pass would unpack the same 5-bit levels again (nibbles, fifth
+ * bits: ten instructions per 32 bytes, a quarter of a tile's work). With
+ * more rows than one pass, the first pass stores the unpacked levels of
+ * its octets (`levels`: per octet and group, 4 pieces of 32 low-nibble
+ * levels then 32 high, 256 bytes; a few KB, in L1 or L2) and the later
+ * passes load them. The same levels: the same bits. */
+enum { LEVELS_NONE = 0, LEVELS_STORE = 1, LEVELS_LOAD = 2 };
+static inline int unpacks_once(int fmt) { return is_five_bit(fmt); }
+#define LEVEL_BYTES 256 /* unpacked bytes per octet and group */
+
 /* acc[r][o] (8 columns each) for MR rows of x and NO octets starting at
  * `octet`, over every group: the formula at the top of this file, one
  * column per lane. MR and NO are constants at each call site, so the
  * arrays below live in registers. q8_0, q4_0, q4_1, q5_0, q5_1. */
 static inline __attribute__((always_inline)) void tile(const PackedWeight *w, const QuantizedRows *x, int64_t r0,
                                                        int64_t octet, const int MR, const int NO, const int fmt,
-                                                       __m256 acc[4][2]) {
+                                                       uint8_t *levels, const int mode, __m256 acc[4][2]) {
     const int64_t G = w->G, obytes = octet_group_bytes(fmt);
     /* q5_0 / q5_1 blocks hold their scales: d (and m) at 0 (16), then qh, then the nibbles. */
     const int five = is_five_bit(fmt);
@@ -814,16 +825,27 @@ static inline __attribute__((always_inline)) void tile(const PackedWeight *w, co
                 for (int o = 0; o < NO; o++) h[r][o] = h2[r][o] = _mm256_setzero_si256();
 #endif
             __m256i qh[2];
-            for (int o = 0; o < NO; o++) qh[o] = five ? load32(base[o] + g * obytes + qh_at) : _mm256_setzero_si256();
+            for (int o = 0; o < NO; o++)
+                qh[o] = five && mode != LEVELS_LOAD ? load32(base[o] + g * obytes + qh_at) : _mm256_setzero_si256();
             for (int k = 0; k < 4; k++) {
                 __m256i lo[2], hi[2];
                 for (int o = 0; o < NO; o++) {
+                    uint8_t *unpacked = mode ? levels + ((o * G + g) * 4 + k) * 64 : NULL;
+                    if (mode == LEVELS_LOAD) {
+                        lo[o] = load32(unpacked);
+                        hi[o] = load32(unpacked + 32);
+                        continue;
+                    }
                     const __m256i raw = load32(base[o] + g * obytes + levels_at + k * 32);
                     lo[o] = _mm256_and_si256(raw, low4);
                     hi[o] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
                     if (five) {
                         lo[o] = _mm256_or_si256(lo[o], fifth_bits(qh[o], k, 0));
                         hi[o] = _mm256_or_si256(hi[o], fifth_bits(qh[o], k, 1));
+                    }
+                    if (mode == LEVELS_STORE) {
+                        _mm256_storeu_si256((__m256i *)unpacked, lo[o]);
+                        _mm256_storeu_si256((__m256i *)(unpacked + 32), hi[o]);
                     }
                 }
                 for (int r = 0; r < MR; r++) {
@@ -1083,7 +1105,8 @@ static inline void finish(__m256 v, const float *bias, float scale, int64_t n0, 
 #define TILE_CASE(MR, NO)                                                                          \
     do {                                                                                           \
         __m256 acc[4][2];                                                                          \
-        tile(w, x, r0, octet, MR, NO, fmt, acc);                                                   \
+        tile(w, x, r0, octet, MR, NO, fmt, levels ? levels + (octet - first) * w->G * LEVEL_BYTES : NULL,  \
+             levels ? mode : LEVELS_NONE, acc);                                                    \
         for (int r = 0; r < MR; r++)                                                               \
             for (int o = 0; o < NO; o++)                                                           \
                 finish(acc[r][o], bias, scale, (octet + o) * OCTET, w->N, y + (r0 + r) * y_stride, accumulate); \
@@ -1101,7 +1124,8 @@ static inline void finish(__m256 v, const float *bias, float scale, int64_t n0, 
 static inline __attribute__((always_inline)) void format_octets(const PackedWeight *w, const QuantizedRows *x,
                                                                 int64_t r0, int64_t mr, int64_t first, int64_t last,
                                                                 const int fmt, const float *bias, float scale,
-                                                                float *y, int64_t y_stride, int accumulate) {
+                                                                float *y, int64_t y_stride, int accumulate,
+                                                                uint8_t *levels, const int mode) {
     int64_t octet = first;
     if (is_k_quant(fmt)) {
         for (; octet < last; octet++) {
@@ -1147,7 +1171,9 @@ static inline __attribute__((always_inline)) void format_octets(const PackedWeig
 #define ONE_COPY __attribute__((noinline))
 #endif
 #define FORMAT_CASE(FMT, MR) \
-    case FMT: format_octets(w, x, r0, MR, first, last, FMT, bias, scale, y, y_stride, accumulate); break
+    case FMT: format_octets(w, x, r0, MR, first, last, FMT, bias, scale, y, y_stride, accumulate, NULL, 0); break
+#define UNPACKED_CASE(FMT, MODE) \
+    case FMT: format_octets(w, x, r0, TILE_ROWS, first, last, FMT, bias, scale, y, y_stride, accumulate, levels, MODE); break
 #define EVERY_FORMAT(MR)          \
     switch (w->fmt) {             \
         FORMAT_CASE(FMT_Q8_0, MR); \
@@ -1166,21 +1192,29 @@ static inline __attribute__((always_inline)) void format_octets(const PackedWeig
  * own, as in octets_product the one-row tiles ran 10% slower beside them. */
 ONE_COPY static void whole_tiles(const PackedWeight *w, const QuantizedRows *x, int64_t r0, int64_t first,
                                  int64_t last, const float *bias, float scale, float *y, int64_t y_stride,
-                                 int accumulate) {
-    EVERY_FORMAT(TILE_ROWS)
+                                 int accumulate, uint8_t *levels) {
+    if (levels && r0 == 0) {
+        switch (w->fmt) { UNPACKED_CASE(FMT_Q5_0, LEVELS_STORE); UNPACKED_CASE(FMT_Q5_1, LEVELS_STORE); }
+    } else if (levels) {
+        switch (w->fmt) { UNPACKED_CASE(FMT_Q5_0, LEVELS_LOAD); UNPACKED_CASE(FMT_Q5_1, LEVELS_LOAD); }
+    } else {
+        EVERY_FORMAT(TILE_ROWS)
+    }
 }
 
 ONE_COPY static void octets_product(const PackedWeight *w, const QuantizedRows *x, int64_t M, int64_t first,
                                     int64_t last, const float *bias, float scale, float *y, int64_t y_stride,
-                                    int accumulate) {
+                                    int accumulate, uint8_t *levels) {
+    /* The stored levels serve whole passes only (the last, partial pass unpacks its own). */
+    if (M < 2 * TILE_ROWS || !unpacks_once(w->fmt)) levels = NULL;
     for (int64_t r0 = 0; r0 < M; r0 += TILE_ROWS) {
         const int64_t mr = M - r0 < TILE_ROWS ? M - r0 : TILE_ROWS;
         if (mr == TILE_ROWS) {
-            whole_tiles(w, x, r0, first, last, bias, scale, y, y_stride, accumulate);
+            whole_tiles(w, x, r0, first, last, bias, scale, y, y_stride, accumulate, levels);
             continue;
         }
         if (mr > 1) {
-            format_octets(w, x, r0, mr, first, last, w->fmt, bias, scale, y, y_stride, accumulate);
+            format_octets(w, x, r0, mr, first, last, w->fmt, bias, scale, y, y_stride, accumulate, NULL, 0);
             continue;
         }
         /* One row (a decode step): its tiles compiled once per format, so
@@ -1192,11 +1226,19 @@ ONE_COPY static void octets_product(const PackedWeight *w, const QuantizedRows *
 }
 #undef EVERY_FORMAT
 #undef FORMAT_CASE
+#undef UNPACKED_CASE
+
+/* Bytes of stored levels a thread's block of octets needs (0: none). */
+static size_t level_scratch_bytes(int fmt, int64_t M, int64_t G, int64_t block_octets) {
+    return M >= 2 * TILE_ROWS && unpacks_once(fmt) ? (size_t)(block_octets * G * LEVEL_BYTES) : 0;
+}
 
 #else /* portable C: the same formula, element by element */
 
 static void octets_product(const PackedWeight *w, const QuantizedRows *x, int64_t M, int64_t first, int64_t last,
-                           const float *bias, float scale, float *y, int64_t y_stride, int accumulate) {
+                           const float *bias, float scale, float *y, int64_t y_stride, int accumulate,
+                           uint8_t *levels) {
+    (void)levels;
     const int64_t G = w->G, obytes = octet_group_bytes(w->fmt);
     if (is_raw(w->fmt)) {
         raw_octets_product(w, x, M, first, last, bias, scale, y, y_stride, accumulate);
@@ -1236,6 +1278,10 @@ static void octets_product(const PackedWeight *w, const QuantizedRows *x, int64_
             }
         }
     }
+}
+static size_t level_scratch_bytes(int fmt, int64_t M, int64_t G, int64_t block_octets) {
+    (void)fmt, (void)M, (void)G, (void)block_octets;
+    return 0;
 }
 #endif
 
@@ -1289,13 +1335,17 @@ int tandem_quant_gemm(int fmt, int64_t M, int64_t N, int64_t K, const float *x, 
                 else quantize_row(row, K, xq + i * K, xd + i * groups, xsum + i * groups, xs + i * groups);
             }
         }
+        /* Where the block's unpacked levels wait for the later passes; without it (no memory) each pass unpacks. */
+        const size_t scratch = level_scratch_bytes(fmt, M, groups, BLOCK_OCTETS);
+        uint8_t *levels = scratch ? malloc(scratch) : NULL;
         #pragma omp for schedule(static)
         for (int64_t b = 0; b < blocks; b++) {
             const int64_t first = b * BLOCK_OCTETS;
             const int64_t last = first + BLOCK_OCTETS < octets ? first + BLOCK_OCTETS : octets;
-            if (branch) octets_product(&w, &rows, M, first, last, bias, 1.0f, branch, N, 0);
-            else octets_product(&w, &rows, M, first, last, bias, out_scale, y, y_stride, accumulate);
+            if (branch) octets_product(&w, &rows, M, first, last, bias, 1.0f, branch, N, 0, levels);
+            else octets_product(&w, &rows, M, first, last, bias, out_scale, y, y_stride, accumulate, levels);
         }
+        free(levels);
         if (branch) {
             #pragma omp for schedule(static)
             for (int64_t i = 0; i < M; i++) {
