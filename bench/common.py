@@ -16,6 +16,7 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
+import engine  # noqa: F401  (first: it sets libgomp's spin before torch loads it)
 import torch
 
 PROMPTS = [

@@ -14,7 +14,21 @@ engine.structured; and engine.entrypoints.openai.server (the HTTP server).
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
+
+# How long an idle OpenMP worker spins before it sleeps, read once when torch
+# loads libgomp (so here, before any engine module imports torch). libgomp
+# spins 300,000 times (~8 ms here) by default, but only 100 once it counts
+# more OpenMP threads than cores, and it does in this process: every thread
+# that ever ran a parallel op (the loading thread, the engine thread) keeps
+# a pool of its own. Then the worker slept between the ~180 parallel regions
+# of a decode step and each region waited for its futex wake-up: 800 sleeps
+# a step at 16 sequences (strace), 3 with libgomp's default, which made a
+# 16-sequence step of the default model ~1.4x faster and three streaming
+# panes ~1.5x, with the window's worst stall unchanged (docs/benchmarks.md).
+# A value the user set wins.
+os.environ.setdefault("GOMP_SPINCOUNT", "300000")
 
 # name -> the module that defines it, imported on first use so that
 # `python -m engine --help` and argument errors answer before torch is imported.

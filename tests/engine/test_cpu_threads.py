@@ -6,6 +6,9 @@ never real timings."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -157,3 +160,17 @@ def test_a_load_that_ends_is_noticed_within_seconds_of_long_steps() -> None:
     back = used.index(2)
     assert sum(machine.step_seconds(n, 16) for n in used[:back]) <= 2.5
     assert used[-20:] == [2] * 20
+
+
+@pytest.mark.parametrize("users_setting", [None, "5"])
+def test_importing_the_engine_sets_openmp_spin_before_torch_loads(users_setting: str | None) -> None:
+    """libgomp reads GOMP_SPINCOUNT once, when torch loads it: `import engine`
+    sets libgomp's own default spin (it would otherwise throttle it to 100
+    spins, the engine's threads owning several pools) before anything
+    imports torch; a value the user set is kept."""
+    env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
+    if users_setting is not None:
+        env["GOMP_SPINCOUNT"] = users_setting
+    code = "import os, sys, engine; print(os.environ.get('GOMP_SPINCOUNT'), 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [users_setting or "300000", "False"]
