@@ -14,6 +14,12 @@ choice) and, where a matrix's inputs are not whole 256-weight super-blocks
 (the default model's 576), llama-quantize's fallback type instead.
 Prints one JSON object: milliseconds per step, best of --repeats, and the
 machine (CPU model and flags, threads, load average).
+
+`--inputs` adds what a product does to its input before the int8 products,
+per call with --rows rows: the fused RMSNorm and SwiGLU alone
+(`prepare_rows`), and the rounding to int8 blocks (a product of 8 output
+columns, whose own arithmetic is a few percent of it), at the model's
+widths, in microseconds.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from bench.common import machine, machine_line  # noqa: E402
+from engine.kernels import native  # noqa: E402
 from engine.model.linear import Linear  # noqa: E402
 from engine.model.quant import RAW_BLOCK_FORMATS, QuantLinear, quantize, random_raw_weight  # noqa: E402
 
@@ -91,6 +98,29 @@ def products(name: str, floats: list[torch.Tensor]) -> list[Callable[[torch.Tens
     raise ValueError(name)
 
 
+def input_preparation(shapes: str, rows: list[int], repeats: int) -> dict:
+    """Microseconds per call of each input step, per row count, at the model's widths."""
+    _, hidden, inter, *_ = MODEL_SHAPES[shapes]
+    gen = torch.Generator().manual_seed(2)
+    out: dict = {}
+    for m in rows:
+        x = torch.randn(m, 2 * inter, generator=gen)
+        norm = torch.ones(hidden)
+        q5 = QuantLinear(random_raw_weight("q5_0", 8, inter, gen))
+        q4k = QuantLinear(random_raw_weight("q4_k", 8, inter, gen))
+        y = torch.empty(m, 8)
+        steps = {
+            f"rms_norm_{hidden}": lambda: native.prepare_rows("rms_norm", x[:, :hidden], norm_weight=norm, eps=1e-5),
+            f"swiglu_{inter}": lambda: native.prepare_rows("swiglu", x),
+            f"int8_blocks_of_32_{inter}": lambda: q5.product_into(x[:, :inter], y),
+            f"int8_blocks_of_256_{inter}": lambda: q4k.product_into(x[:, :inter], y),
+        }
+        # timed() answers in ms for one call; a call here is tens of microseconds
+        out[str(m)] = {name: round(timed(lambda f=f: [f() for _ in range(100)], repeats) * 10, 2)
+                       for name, f in steps.items()}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", default="1,16")
@@ -98,6 +128,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--kernels", default="float32,bfloat16,q8_0,q4_0,q4_1,q4_k,q6_k,torch_int8pack")
     parser.add_argument("--shapes", choices=sorted(MODEL_SHAPES), default="smollm2-135m")
+    parser.add_argument("--inputs", action="store_true", help="also time the input preparation (microseconds)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -119,6 +150,9 @@ def main() -> None:
                 row_times[str(rows)] = timed(step, args.repeats)
         result["ms_per_step"][name] = row_times
         del layers
+    if args.inputs:
+        result["input_us_per_call"] = input_preparation(args.shapes, [int(r) for r in args.rows.split(",")],
+                                                        args.repeats)
     result["machine"] = machine()
     print(json.dumps(result))
     print(f"machine: {machine_line(result['machine'])}", file=sys.stderr)

@@ -60,3 +60,14 @@ def swiglu(gate, up) -> np.ndarray:
     up = np.asarray(up, dtype=np.float32)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         return (gate / (_F(1) + exp_ggml(_F(0) - gate)) * up).astype(np.float32)
+
+
+def geglu(gate, up) -> np.ndarray:
+    """gelu(gate) * up with GELU's tanh form as the kernels compute it (not
+    ggml's, which looks GELU up in an fp16 table): x / (1 + e^(-2u)),
+    u = 0.7978845608028654 (x + 0.044715 x^3), e^ by exp_ggml, float32."""
+    x = np.asarray(gate, dtype=np.float32)
+    up = np.asarray(up, dtype=np.float32)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        inner = _F(0.7978845608028654) * (x + _F(0.044715) * x * x * x)
+        return (x / (_F(1) + exp_ggml(_F(-2) * inner)) * up).astype(np.float32)

@@ -512,3 +512,25 @@ def test_argmax_rows_answers_as_torch(builds: dict, rows: int, n: int) -> None:
         want = case.argmax(dim=1)
         for variant, lib in builds.items():
             assert torch.equal(native.argmax_rows(case, lib=lib), want), variant
+
+
+def test_geglu_is_gelu_tanh_through_ggml_exp(builds: dict) -> None:
+    """The fused GeGLU (Gemma): gelu_tanh(x) = x / (1 + e^(-2u)), e^ as in
+    the SwiGLU, every build to the bit, tails included, and within a few
+    float32 roundings of it in float64 (the same function as 0.5 x (1 +
+    tanh(u)), which float64 rounds to 0 far below zero)."""
+    gen = torch.Generator().manual_seed(15)
+    gate = torch.cat([torch.randn(2, 61, generator=gen) * 3, torch.linspace(-60, 60, 122).view(2, 61)])
+    up = torch.randn(gate.shape, generator=gen)
+    want = ggml_math.geglu(gate.numpy(), up.numpy())
+    for variant, lib in builds.items():
+        for width in (61, 56):
+            got = native.prepare_rows("geglu", torch.cat([gate[:, :width], up[:, :width]], 1), lib=lib)
+            assert np.array_equal(got.numpy().view(np.uint32), want[:, :width].view(np.uint32)), (variant, width)
+    x, u = gate.double().numpy(), up.double().numpy()
+    inner = 0.7978845608028654 * (x + 0.044715 * x**3)
+    with np.errstate(over="ignore"):
+        exact = x / (1 + np.exp(-2 * inner)) * u
+    # float32's rounding of u, times |2u|, carries into e^(-2u) below zero
+    assert np.all(np.abs(want - exact) <= (8 + 4 * np.abs(inner)) * 2.0**-23 * np.abs(exact) + 1e-37)
+    assert np.allclose(want, 0.5 * x * (1 + np.tanh(0.7978845608028654 * (x + 0.044715 * x**3))) * u, atol=1e-6)

@@ -572,6 +572,32 @@ static void swiglu_row(const float *gate, const float *up, int64_t n, float *out
 }
 
 /* Rows [i0, i0 + rows) of x prepared for a product (rows <= 4). */
+/* gelu(gate) * up, GELU's tanh form (Gemma), over n inputs: 0.5 x (1 +
+ * tanh(u)) is x / (1 + e^(-2u)), u = sqrt(2/pi) (x + 0.044715 x^3), so
+ * with exp_ggml it is a SiLU of 2u: every build the same bits, and eight
+ * lanes at a time instead of the C library's tanhf for each input (a
+ * sixteenth of a Gemma 3 1B decode step). */
+#define GELU_SCALE 0.7978845608028654f
+#define GELU_CUBE 0.044715f
+static void geglu_row(const float *gate, const float *up, int64_t n, float *out) {
+    int64_t k = 0;
+#if TANDEM_SIMD
+    const __m256 one = _mm256_set1_ps(1.0f), minus_two = _mm256_set1_ps(-2.0f);
+    for (; k + 8 <= n; k += 8) {
+        const __m256 x = _mm256_loadu_ps(gate + k);
+        const __m256 cube = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(GELU_CUBE), x), x), x);
+        const __m256 inner = _mm256_mul_ps(_mm256_set1_ps(GELU_SCALE), _mm256_add_ps(x, cube));
+        const __m256 e = exp_ggml8(_mm256_mul_ps(minus_two, inner));
+        _mm256_storeu_ps(out + k, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + k)));
+    }
+#endif
+    for (; k < n; k++) {
+        const float x = gate[k];
+        const float inner = GELU_SCALE * (x + GELU_CUBE * x * x * x);
+        out[k] = x / (1.0f + exp_ggml(-2.0f * inner)) * up[k];
+    }
+}
+
 static void prepare_rows(int input_op, const float *x, int64_t x_stride, int rows, int64_t K,
                          const float *norm_weight, float eps, float *out) {
     if (input_op == INPUT_RMS_NORM) {
@@ -583,12 +609,8 @@ static void prepare_rows(int input_op, const float *x, int64_t x_stride, int row
         float *o = out + r * K;
         if (input_op == INPUT_SWIGLU) { /* x holds gate then up, K each */
             swiglu_row(xr, xr + K, K, o);
-        } else { /* INPUT_GEGLU: gelu(gate) * up, GELU's tanh form (Gemma) */
-            for (int64_t k = 0; k < K; k++) {
-                float gate = xr[k];
-                float inner = 0.7978845608028654f * (gate + 0.044715f * gate * gate * gate);
-                o[k] = 0.5f * gate * (1.0f + tanhf(inner)) * xr[K + k];
-            }
+        } else { /* INPUT_GEGLU */
+            geglu_row(xr, xr + K, K, o);
         }
     }
 }
