@@ -312,7 +312,7 @@ int tandem_paged_attention(int64_t T, int64_t Hq, int64_t Hkv, int64_t D, const 
             failed = 1;
         }
         /* Interleaved: a prefill chunk's later rows see more keys. */
-        #pragma omp for schedule(static, 1) collapse(2)
+        #pragma omp for schedule(static, 1) collapse(2) nowait
         for (int64_t t = 0; t < T; t++) {
             for (int64_t h = 0; h < Hkv; h++) {
                 if (!scores) continue;
