@@ -445,6 +445,16 @@ def _round_to_float32(value: Fraction) -> float:
     return float(best)
 
 
+def _every_build_gates_to_the_bit(builds: dict, op: str, gate: torch.Tensor, up: torch.Tensor,
+                                  want: np.ndarray) -> None:
+    """Each build's fused gated input (`op`) equals `want` bit for bit, at 61
+    inputs (a tail of 5 past the 8-lane loop) and 56 (none)."""
+    for variant, lib in builds.items():
+        for width in (61, 56):
+            got = native.prepare_rows(op, torch.cat([gate[:, :width], up[:, :width]], 1), lib=lib)
+            assert np.array_equal(got.numpy().view(np.uint32), want[:, :width].view(np.uint32)), (variant, width)
+
+
 def test_swiglu_is_ggml_silu_to_the_bit(builds: dict) -> None:
     """The fused SwiGLU computes e^ as ggml_v_expf (ggml-cpu's AVX2 SiLU),
     every build to the bit, at widths with and without a tail of under 8
@@ -459,10 +469,7 @@ def test_swiglu_is_ggml_silu_to_the_bit(builds: dict) -> None:
     ])
     up = torch.randn(gate.shape, generator=gen)
     want = ggml_math.swiglu(gate.numpy(), up.numpy())
-    for variant, lib in builds.items():
-        for width in (61, 56):
-            got = native.prepare_rows("swiglu", torch.cat([gate[:, :width], up[:, :width]], 1), lib=lib)
-            assert np.array_equal(got.numpy().view(np.uint32), want[:, :width].view(np.uint32)), (variant, width)
+    _every_build_gates_to_the_bit(builds, "swiglu", gate, up, want)
     # ggml's exp is within two ulp of e^x where the result is a normal float
     x = np.linspace(-87, 88, 200001).astype(np.float32)
     ulps = np.abs(ggml_math.exp_ggml(x).astype(np.float64) - np.exp(x.astype(np.float64))) / np.spacing(
@@ -523,10 +530,7 @@ def test_geglu_is_gelu_tanh_through_ggml_exp(builds: dict) -> None:
     gate = torch.cat([torch.randn(2, 61, generator=gen) * 3, torch.linspace(-60, 60, 122).view(2, 61)])
     up = torch.randn(gate.shape, generator=gen)
     want = ggml_math.geglu(gate.numpy(), up.numpy())
-    for variant, lib in builds.items():
-        for width in (61, 56):
-            got = native.prepare_rows("geglu", torch.cat([gate[:, :width], up[:, :width]], 1), lib=lib)
-            assert np.array_equal(got.numpy().view(np.uint32), want[:, :width].view(np.uint32)), (variant, width)
+    _every_build_gates_to_the_bit(builds, "geglu", gate, up, want)
     x, u = gate.double().numpy(), up.double().numpy()
     inner = 0.7978845608028654 * (x + 0.044715 * x**3)
     with np.errstate(over="ignore"):

@@ -484,7 +484,10 @@ static void rms_norm_row(const float *x, int64_t n, const float *weight, float e
  * times 2^n, with the far ranges scaled in two steps; at most 1.95 ulp
  * off), one fixed sequence of float operations: the scalar code spells
  * out what each SIMD lane does, so every build has the same bits, and the
- * down products' inputs are llama.cpp's on an AVX2 machine. */
+ * down products' inputs are llama.cpp's on an AVX2 machine. (Attention's
+ * softmax keeps its own exp_fixed, paged_attention.c: no llama.cpp
+ * arithmetic to match there, its flash attention orders the sums
+ * differently anyway.) */
 static inline uint32_t bits_of(float f) {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
@@ -561,7 +564,6 @@ static void swiglu_row(const float *gate, const float *up, int64_t n, float *out
     for (; k < n; k++) out[k] = gate[k] / (1.0f + exp_ggml(0.0f - gate[k])) * up[k];
 }
 
-/* Rows [i0, i0 + rows) of x prepared for a product (rows <= 4). */
 /* gelu(gate) * up, GELU's tanh form (Gemma), over n inputs: 0.5 x (1 +
  * tanh(u)) is x / (1 + e^(-2u)), u = sqrt(2/pi) (x + 0.044715 x^3), so
  * with exp_ggml it is a SiLU of 2u: every build the same bits, and eight
@@ -588,6 +590,7 @@ static void geglu_row(const float *gate, const float *up, int64_t n, float *out)
     }
 }
 
+/* `rows` rows of x (at most 4, x_stride apart) prepared for a product, into out (K apart). */
 static void prepare_rows(int input_op, const float *x, int64_t x_stride, int rows, int64_t K,
                          const float *norm_weight, float eps, float *out) {
     if (input_op == INPUT_RMS_NORM) {
@@ -1217,8 +1220,8 @@ ONE_COPY static void whole_tiles(const PackedWeight *w, const QuantizedRows *x, 
 ONE_COPY static void octets_product(const PackedWeight *w, const QuantizedRows *x, int64_t M, int64_t first,
                                     int64_t last, const float *bias, float scale, float *y, int64_t y_stride,
                                     int accumulate, uint8_t *levels) {
-    /* The stored levels serve whole passes only (the last, partial pass unpacks its own). */
-    if (M < 2 * TILE_ROWS || !unpacks_once(w->fmt)) levels = NULL;
+    /* `levels` is there only where level_scratch_bytes made room; it
+     * serves whole passes (the last, partial pass unpacks its own). */
     for (int64_t r0 = 0; r0 < M; r0 += TILE_ROWS) {
         const int64_t mr = M - r0 < TILE_ROWS ? M - r0 : TILE_ROWS;
         if (mr == TILE_ROWS) {
