@@ -24,10 +24,10 @@ from typing import Any
 # that ever ran a parallel op (the loading thread, the engine thread) keeps
 # a pool of its own. Then the worker slept between the ~180 parallel regions
 # of a decode step and each region waited for its futex wake-up: 800 sleeps
-# a step at 16 sequences (strace), 3 with libgomp's default, which made a
-# 16-sequence step of the default model ~1.4x faster and three streaming
-# panes ~1.5x, with the window's worst stall unchanged (docs/benchmarks.md).
-# A value the user set wins.
+# a step at 16 sequences (strace), 3 with libgomp's default. On a quiet
+# machine one-sequence decode gained 10-25% and 16 sequences ~3%; more on a
+# busy host, where a wake-up takes longer (docs/benchmarks.md). The window's
+# worst stall did not change. A value the user set wins.
 os.environ.setdefault("GOMP_SPINCOUNT", "300000")
 
 # name -> the module that defines it, imported on first use so that
