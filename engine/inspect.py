@@ -47,7 +47,7 @@ __all__ = [
     "weight_bytes",
     # resolved on first use (they import torch):
     "available_cores", "resolve_device", "resolve_dtype", "resolve_quantized_compute",
-    "quantized_formats", "cpu_weight_packing", "activation_dtype", "default_kv_budget", "default_kv_pages", "kv_bytes_per_page",
+    "quantized_formats", "cpu_weight_packing", "activation_dtype", "kv_cache_dtype", "default_kv_budget", "default_kv_pages", "kv_bytes_per_page",
     "sequence_pages", "MIB", "DESKTOP_RESERVE_BYTES", "RUNTIME_EXTRA_BYTES", "requantized_note",
 ]
 
@@ -61,6 +61,7 @@ _ON_FIRST_USE = {
     "requantized_note": "engine.formats.gguf.tables",
     "cpu_weight_packing": "engine.model.linear",
     "activation_dtype": "engine.runner.memory",
+    "kv_cache_dtype": "engine.runner.memory",
     "default_kv_budget": "engine.runner.memory",
     "default_kv_pages": "engine.runner.memory",
     "kv_bytes_per_page": "engine.runner.memory",

@@ -129,9 +129,9 @@ def estimate_memory(
     weights, described = weight_bytes(shape, dev, weight_dtype, blocks, run_quantized=run_quantized)
 
     context = shape.max_context if max_context is None else min(max_context, shape.max_context)
-    per_page = inspect.kv_bytes_per_page(
-        shape.num_layers, shape.num_kv_heads, shape.head_dim, page_size, inspect.activation_dtype(dev, weight_dtype)
-    )
+    # Every product on the quantized kernels runs the native CPU path, whose cache is fp16.
+    kv_dtype = inspect.kv_cache_dtype(dev, weight_dtype, native=run_quantized and blocks.covers(shape))
+    per_page = inspect.kv_bytes_per_page(shape.num_layers, shape.num_kv_heads, shape.head_dim, page_size, kv_dtype)
     budget = inspect.default_kv_budget(dev, None if kv_cache_mb is None else kv_cache_mb * inspect.MIB)
     adaptive = budget is None
     if budget is None:

@@ -281,7 +281,7 @@ class EngineCore:
             c = self.config
             self.kv_cache = KVCache(
                 c.num_hidden_layers, kv_pages, page_size, c.num_key_value_heads, c.head_dim,
-                self.model.act_dtype, self.device, commit_on_use=True,
+                self.model.kv_dtype, self.device, commit_on_use=True,
             )
         if self.device.type == "cuda":
             # Triton kernels and CUDA graphs where triton is installed (engine/runner/cuda.py).
@@ -318,7 +318,7 @@ class EngineCore:
     def kv_cache_bytes_per_page(self, page_size: int) -> int:
         c = self.config
         return kv_bytes_per_page(
-            c.num_hidden_layers, c.num_key_value_heads, c.head_dim, page_size, self.model.act_dtype
+            c.num_hidden_layers, c.num_key_value_heads, c.head_dim, page_size, self.model.kv_dtype
         )
 
     def _warm_up(self) -> None:

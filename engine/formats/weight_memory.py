@@ -116,6 +116,11 @@ class QuantizedWeights:
     def __bool__(self) -> bool:
         return bool(self.matmul or self.embedding or self.lm_head)
 
+    def covers(self, shape: ModelShape) -> bool:
+        """Whether every layer matrix of `shape` is block-quantized (the
+        engine then runs its native CPU path)."""
+        return sum(params for _, params in self.matmul) == shape.matmul_params
+
     @property
     def formats(self) -> tuple[str, ...]:
         """The formats present, sorted: ("q4_1", "q8_0")."""

@@ -39,7 +39,7 @@ from engine.model.config import ModelConfig, rope_attention_factor, rope_inverse
 from engine.model.kv_cache import KVCache
 from engine.model.linear import Linear
 from engine.model.quant import ConcatLinear, QuantizedTensor, QuantLinear, take_rows
-from engine.runner.memory import activation_dtype
+from engine.runner.memory import activation_dtype, kv_cache_dtype
 
 # Anything with __call__(x) and tiled(x, rows): engine.model.linear.Linear, or the
 # weight-only quantized layers of engine.model.quant.
@@ -140,6 +140,12 @@ class DecoderModel:
             # precision, up to 1/8 of a logit at the default model's scale.
             self.dtype = torch.float32
 
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """What a KV cache for this model holds: fp16 for the native path, whose attention reads it
+        (paged_attention.c), else the activations' dtype (engine.runner.memory.kv_cache_dtype)."""
+        return kv_cache_dtype(self.device, self.dtype, self.native_forward)
+
     def _layer_program(self, cache: KVCache) -> LayerProgram:
         """The native calls of every layer (_forward_native), written once per KV cache: six a
         layer, whatever the family (norm + q/k/v; q/k head norms + (partial) RoPE + KV write;
@@ -182,7 +188,8 @@ class DecoderModel:
             return linear.tiled(x, ROW_TILE)
         return linear(x)
 
-    def new_kv_cache(self, num_pages: int, page_size: int) -> KVCache:
+    def new_kv_cache(self, num_pages: int, page_size: int, dtype: torch.dtype | None = None) -> KVCache:
+        """A zeroed cache in `dtype` (default kv_dtype; the native path also reads float32)."""
         c = self.config
         return KVCache(
             c.num_hidden_layers,
@@ -190,7 +197,7 @@ class DecoderModel:
             page_size,
             c.num_key_value_heads,
             c.head_dim,
-            self.act_dtype,
+            dtype or self.kv_dtype,
             self.device,
         )
 

@@ -48,9 +48,18 @@ KV_CAP_SEQUENCES = 8
 
 
 def activation_dtype(device: torch.device, weight_dtype: torch.dtype) -> torch.dtype:
-    """What norms, activations and the KV cache run in: float32 on the CPU
-    (no native half-precision arithmetic worth having there), else the weights' dtype."""
+    """What norms and activations run in (and the KV cache, but on the native
+    CPU path: kv_cache_dtype): float32 on the CPU (no native half-precision
+    arithmetic worth having there), else the weights' dtype."""
     return torch.float32 if device.type == "cpu" else weight_dtype
+
+
+def kv_cache_dtype(device: torch.device, weight_dtype: torch.dtype, native: bool) -> torch.dtype:
+    """What the KV cache holds: fp16 on the native CPU path (`native`: every
+    product runs on the quantized kernels), as llama.cpp keeps it: half the
+    memory, and half the bytes attention reads per key (paged_attention.c);
+    elsewhere the activations' dtype."""
+    return torch.float16 if native and device.type == "cpu" else activation_dtype(device, weight_dtype)
 
 
 def kv_bytes_per_page(

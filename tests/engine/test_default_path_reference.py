@@ -46,6 +46,7 @@ pytestmark = pytest.mark.skipif(not cpu_kernel_available(), reason="the quantize
 
 LOGIT_BOUND = 1e-3
 ROW_BOUND = 1e-5
+HALF_FLIP_BOUND = 5e-5
 FLIP_BOUND = 1e-3
 PROMPT = [{"role": "user", "content": "Which planet is the largest in the solar system, and why is it so big?"}]
 NEW_TOKENS = 12
@@ -151,6 +152,8 @@ class Reference:
         q = self.rotate(self.product(h, p + "self_attn.q_proj.weight").view(t, heads, dim), positions)
         k = self.rotate(self.product(h, p + "self_attn.k_proj.weight").view(t, kv_heads, dim), positions)
         v = self.product(h, p + "self_attn.v_proj.weight").view(t, kv_heads, dim)
+        # The cache keeps them in fp16, rounded from float32 (paged_attention.c).
+        k, v = k.float().half().double(), v.float().half().double()
         if past is not None:
             k, v = torch.cat((past[0], k)), torch.cat((past[1], v))
         group = heads // kv_heads
@@ -243,13 +246,18 @@ def test_every_layer_of_the_default_path_matches_the_reference(
     # Layer by layer from the same input, so no error is carried from earlier
     # layers. Most rows agree to float32 summation (ROW_BOUND of the
     # stream's size); a row where an input sat within an ulp of a rounding
-    # tie moves by a step of its int8 group (FLIP_BOUND at most). A wrong
-    # layout, scale or offset anywhere would move every row by O(1).
+    # tie moves by a step of its int8 group (FLIP_BOUND at most). A key or
+    # value within a float32 ulp of an fp16 rounding tie is cached half an
+    # fp16 ulp from the reference's, and every later row reading it moves a
+    # little (HALF_FLIP_BOUND; measured: up to 15% of a layer's rows past
+    # ROW_BOUND, 2% past 3e-5). A wrong layout, scale or offset anywhere
+    # would move every row by O(1).
     for i, (entering, leaving) in enumerate(zip(streams, streams[1:])):
         want, _ = reference.layer(i, entering.double())
         rows = (leaving.double() - want).abs().amax(-1) / want.abs().amax()
         assert rows.max() <= FLIP_BOUND, i
-        assert (rows > ROW_BOUND).float().mean() <= 0.1, i
+        assert (rows > HALF_FLIP_BOUND).float().mean() <= 0.1, i
+        assert (rows > ROW_BOUND).float().mean() <= 0.3, i
     # The head from the same final hidden states: the logits themselves.
     want = reference.product(hidden, "model.embed_tokens.weight")
     assert (logits.double() - want).abs().max() <= LOGIT_BOUND

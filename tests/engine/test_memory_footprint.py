@@ -320,9 +320,9 @@ print(json.dumps({"started": started, "replied": replied, "chatted": chatted,
     assert result["kv_started"] <= result["kv_committed"] < 8 < result["kv_total"]
     assert result["replied"] - result["started"] < 32
     assert result["replied"] <= 500, result
-    # ~1200 tokens take ~50 MiB of pages, resident once written.
+    # ~1200 tokens take ~27 MiB of fp16 pages, resident once written.
     grown = result["kv_chatted"] - result["kv_committed"]
-    assert grown > 32, result
+    assert grown > 20, result
     assert result["chatted"] - result["replied"] > 0.8 * grown, result
 
 

@@ -58,13 +58,13 @@ def _logits(runner: ModelRunner, decodes: list[ScheduledChunk], prefills: list[S
     return runner.model.logits(hidden)
 
 
-def _conversation(model: DecoderModel, native_path: bool) -> list[torch.Tensor]:
+def _conversation(model: DecoderModel, native_path: bool, kv_dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
     """Logits of every step of two sequences on shuffled pages: prefills side
     by side, a decode beside a prefill chunk, then decodes together well past
     the sliding window."""
     model.native_forward = native_path
     try:
-        runner = ModelRunner(model, model.new_kv_cache(16, PAGE_SIZE))
+        runner = ModelRunner(model, model.new_kv_cache(16, PAGE_SIZE, kv_dtype))
         rng = random.Random(5)
         a = [rng.randrange(TINY["vocab_size"]) for _ in range(21)]
         b = [rng.randrange(TINY["vocab_size"]) for _ in range(17)]
@@ -90,6 +90,24 @@ def test_native_path_computes_what_the_torch_path_computes(quantized, arch: str)
     cosine = F.cosine_similarity(fast, generic, dim=-1)
     assert cosine.min() > 0.999, cosine
     assert (fast - generic).abs().max() <= 0.05 * generic.abs().max()
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_an_fp16_cache_moves_the_logits_by_its_rounding_only(quantized, arch: str) -> None:
+    """The engine's native path keeps K and V in fp16 (as llama.cpp does):
+    each key and value moves by at most half an fp16 ulp (2^-11 relative),
+    and so the logits, through the same kernels, by little."""
+    model = quantized(arch)
+    wide = torch.cat(_conversation(model, native_path=True, kv_dtype=torch.float32))
+    half = torch.cat(_conversation(model, native_path=True, kv_dtype=torch.float16))
+    assert not torch.equal(half, wide)  # the cache's dtype does reach the arithmetic
+    # Measured: cosine 0.9996-0.9999, the largest move 1.2-1.9% of the
+    # largest logit, 9.6% for the soft-capped Gemma 2 (its random logits
+    # span 0.3, so one int8 rounding flip downstream is a large share). A
+    # key or value read from the wrong place moves every row by O(1).
+    cosine = F.cosine_similarity(half, wide, dim=-1)
+    assert cosine.min() > 0.999, cosine
+    assert (half - wide).abs().max() <= 0.15 * wide.abs().max()
 
 
 def test_a_sequence_has_the_same_bits_alone_beside_others_chunked_and_cached(quantized) -> None:

@@ -32,14 +32,22 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
+KV_DTYPES = [torch.float32, torch.float16]
+
+
 # A window of 3 keys over pages of 4 starts mid-page; a soft-cap of 0.5
-# (Gemma 2's is 50, for its larger scores) changes every weight.
+# (Gemma 2's is 50, for its larger scores) changes every weight. The cache
+# in float32 or fp16 (the native path's own: its keys and values read back
+# exactly, the arithmetic in float32).
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
 @pytest.mark.parametrize(("window", "softcap"), [(None, None), (3, None), (3, 0.5)])
-def test_paged_attention_matches_a_plain_softmax_over_the_pages(window: int | None, softcap: float | None) -> None:
+def test_paged_attention_matches_a_plain_softmax_over_the_pages(
+    window: int | None, softcap: float | None, kv_dtype: torch.dtype
+) -> None:
     gen = torch.Generator().manual_seed(0)
     heads, kv_heads, dim, page = 6, 2, 16, 4
-    k_layer = torch.randn(10 * kv_heads, page, dim, generator=gen)
-    v_layer = torch.randn(10 * kv_heads, page, dim, generator=gen)
+    k_layer = torch.randn(10 * kv_heads, page, dim, generator=gen).to(kv_dtype)
+    v_layer = torch.randn(10 * kv_heads, page, dim, generator=gen).to(kv_dtype)
     # Two decodes and a prefill chunk of three rows (positions 2..4) of a
     # third sequence; rows point at their sequence's line of the table.
     positions = torch.tensor([5, 9, 2, 3, 4])
@@ -58,8 +66,8 @@ def test_paged_attention_matches_a_plain_softmax_over_the_pages(window: int | No
         for hq in range(heads):
             h = hq // (heads // kv_heads)
             rows = [(pages[j // page] * kv_heads + h, j % page) for j in range(first, pos + 1)]
-            keys = torch.stack([k_layer[r, s] for r, s in rows])
-            values = torch.stack([v_layer[r, s] for r, s in rows])
+            keys = torch.stack([k_layer[r, s] for r, s in rows]).float()
+            values = torch.stack([v_layer[r, s] for r, s in rows]).float()
             scores = keys @ q[hq] * dim**-0.5
             if softcap is not None:
                 scores = softcap * torch.tanh(scores / softcap)
@@ -69,14 +77,17 @@ def test_paged_attention_matches_a_plain_softmax_over_the_pages(window: int | No
 
 # GQA groups of 3 and 8 query heads (the values are read for up to 4 rows
 # at a time), head sizes with and without a tail past whole vectors.
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (8, 1, 40), (4, 2, 36)])
-def test_a_token_attends_with_the_same_bits_in_any_step(heads: int, kv_heads: int, dim: int) -> None:
+def test_a_token_attends_with_the_same_bits_in_any_step(
+    heads: int, kv_heads: int, dim: int, kv_dtype: torch.dtype
+) -> None:
     # The same query row alone (a decode), inside a prefill chunk, with other
     # sequences around it and from every build: one order of arithmetic.
     gen = torch.Generator().manual_seed(4)
     page = 16
-    k_layer = torch.randn(40 * kv_heads, page, dim, generator=gen)
-    v_layer = torch.randn(40 * kv_heads, page, dim, generator=gen)
+    k_layer = torch.randn(40 * kv_heads, page, dim, generator=gen).to(kv_dtype)
+    v_layer = torch.randn(40 * kv_heads, page, dim, generator=gen).to(kv_dtype)
     table = torch.tensor([[5, 2, 30, 11, 7], [9, 1, 3, 0, 0]])
     qkv = torch.randn(70, (heads + 2 * kv_heads) * dim, generator=gen)
     positions = torch.cat((torch.arange(10, 77), torch.tensor([20, 21, 40])))
@@ -91,8 +102,8 @@ def test_a_token_attends_with_the_same_bits_in_any_step(heads: int, kv_heads: in
         for hq in range(heads):
             h = hq // (heads // kv_heads)
             rows = [(pages[j // page] * kv_heads + h, j % page) for j in range(pos + 1)]
-            keys = torch.stack([k_layer[r, s] for r, s in rows])
-            values = torch.stack([v_layer[r, s] for r, s in rows])
+            keys = torch.stack([k_layer[r, s] for r, s in rows]).float()
+            values = torch.stack([v_layer[r, s] for r, s in rows]).float()
             reference[t, hq * dim : (hq + 1) * dim] = torch.softmax(keys @ q[hq] * 0.125, -1) @ values
     torch.testing.assert_close(together, reference, atol=1e-5, rtol=1e-5)
     for t in (0, 33, 66, 68):
@@ -108,15 +119,19 @@ def test_a_token_attends_with_the_same_bits_in_any_step(heads: int, kv_heads: in
         assert torch.equal(other, together), variant
 
 
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
 @pytest.mark.parametrize(("head_norms", "rotary"), [(False, 8), (True, 8), (False, 4)])
-def test_prefill_rows_are_rotated_and_written_to_their_cache_rows(head_norms: bool, rotary: int) -> None:
+def test_prefill_rows_are_rotated_and_written_to_their_cache_rows(
+    head_norms: bool, rotary: int, kv_dtype: torch.dtype
+) -> None:
     """With head norms (Qwen3, Gemma 3), each q and k head is RMS-normalised
     times its weight before the rotation; with partial rotary (Phi-4-mini)
-    only the first `rotary` dimensions of a head rotate; v is written as it is."""
+    only the first `rotary` dimensions of a head rotate; v is written as it
+    is (in an fp16 cache, rounded to fp16 as torch rounds)."""
     gen = torch.Generator().manual_seed(1)
     heads, kv_heads, dim, page = 4, 2, 8, 4
-    k_layer = torch.zeros(6 * kv_heads * page, dim)
-    v_layer = torch.zeros(6 * kv_heads * page, dim)
+    k_layer = torch.zeros(6 * kv_heads * page, dim, dtype=kv_dtype)
+    v_layer = torch.zeros(6 * kv_heads * page, dim, dtype=kv_dtype)
     positions = torch.tensor([0, 1, 2, 7])
     write_rows = torch.tensor([[r * page + h * page + o for h in range(kv_heads)] for r, o in
                                [(0, 0), (0, 1), (0, 2), (2 * kv_heads, 3)]]).reshape(-1)
@@ -136,8 +151,47 @@ def test_prefill_rows_are_rotated_and_written_to_their_cache_rows(head_norms: bo
         torch.testing.assert_close(qkv[t, : (heads + kv_heads) * dim].view(-1, dim), rotated)
         for h in range(kv_heads):
             row = int(write_rows[t * kv_heads + h])
-            torch.testing.assert_close(k_layer[row], rotated[heads + h])
-            torch.testing.assert_close(v_layer[row], before[t, (heads + kv_heads + h) * dim :][:dim])
+            assert torch.equal(k_layer[row], qkv[t, (heads + h) * dim :][:dim].to(kv_dtype))
+            torch.testing.assert_close(k_layer[row].float(), rotated[heads + h], atol=1e-3, rtol=1e-3)
+            assert torch.equal(v_layer[row], before[t, (heads + kv_heads + h) * dim :][:dim].to(kv_dtype))
+
+
+def test_an_fp16_cache_rounds_every_value_as_torch_does_in_every_build() -> None:
+    """float32 -> fp16 on the way into the cache, rounded to nearest even:
+    ties both ways, subnormal halves, values past the largest half (inf),
+    infinities, zeros of both signs, and the boundaries between them, from
+    the portable C (bit arithmetic) and the F16C builds alike."""
+    f16 = torch.finfo(torch.float16)
+    special = torch.tensor([
+        0.0, -0.0, 1.0, -1.0, 65504.0, 65519.0, 65520.0, 1e6, -1e6, float("inf"), float("-inf"),
+        f16.tiny, f16.tiny / 2, f16.tiny / 1024, f16.tiny / 2048, f16.tiny / 4096, 3 * f16.tiny / 2048,
+        1 + 2**-11, 1 + 3 * 2**-11, 1 + 2**-11 + 2**-20, -(1 + 2**-11), 2**-25, 2**-25 * 1.5, 2**-26,
+    ], dtype=torch.float32)
+    gen = torch.Generator().manual_seed(3)
+    values = torch.cat((special, torch.randn(200, generator=gen) * 10.0 ** torch.randint(-8, 5, (200,),
+                                                                                      generator=gen)))
+    dim = 8
+    values = torch.cat((values, torch.zeros(-len(values) % dim)))
+    rows = len(values) // dim
+    qkv = torch.zeros(rows, 3 * dim)  # one q head, one k head, one v head: v passes through unrotated
+    qkv[:, 2 * dim :] = values.view(rows, dim)
+    cos, sin = _rope_tables(1, dim)
+    for variant in native.cpu_variants(native.cpu_features()):
+        k_layer = torch.zeros(rows, dim, dtype=torch.float16)
+        v_layer = torch.zeros(rows, dim, dtype=torch.float16)
+        native.rope_write_kv(qkv.clone(), 1, 1, dim, cos, sin, torch.zeros(rows, dtype=torch.long), k_layer,
+                             v_layer, torch.arange(rows), lib=native.load_variant(variant))
+        assert torch.equal(v_layer.view(torch.int16), values.view(rows, dim).half().view(torch.int16)), variant
+
+
+def test_a_cache_of_another_dtype_is_refused() -> None:
+    qkv = torch.zeros(1, 3 * 8)
+    cos, sin = _rope_tables(1, 8)
+    for k_dtype, v_dtype in [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float32)]:
+        with pytest.raises(ValueError, match="float32 or float16"):
+            native.rope_write_kv(qkv, 1, 1, 8, cos, sin, torch.zeros(1, dtype=torch.long),
+                                 torch.zeros(1, 8, dtype=k_dtype), torch.zeros(1, 8, dtype=v_dtype),
+                                 torch.zeros(1, dtype=torch.long))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -203,7 +257,8 @@ def _mixed_step_logits(model, native_path: bool, deterministic: bool = False) ->
     """Logits of one step holding a decode and a prefill chunk that continues a cached prompt."""
     model.native_forward = native_path
     try:
-        runner = ModelRunner(model, model.new_kv_cache(16, 4), deterministic=deterministic)
+        # float32 on both paths: the comparison is of the code, the fp16 cache has tests of its own.
+        runner = ModelRunner(model, model.new_kv_cache(16, 4, torch.float32), deterministic=deterministic)
         first = SimpleNamespace(token_ids=list(range(3, 14)), pages=[4, 1, 9], sampler=None)
         second = SimpleNamespace(token_ids=list(range(20, 33)), pages=[2, 7, 5, 11], sampler=None)
         runner.forward(ScheduleResult(decodes=[], prefills=[ScheduledChunk(first, 0, 10), ScheduledChunk(second, 0, 6)]))

@@ -238,9 +238,13 @@ def test_scaled_and_normalised_outputs_give_the_portable_bits(builds: dict, out_
         assert torch.equal(out, outs["portable"]), variant
 
 
-def test_attention_with_head_norms_windows_and_soft_caps_gives_the_portable_bits(builds: dict) -> None:
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+def test_attention_with_head_norms_windows_and_soft_caps_gives_the_portable_bits(
+    builds: dict, kv_dtype: torch.dtype
+) -> None:
     """paged_attention.c's steps as Gemma 3 and Gemma 2 use them: q/k head
-    norms before RoPE, a window of 5 keys over pages of 4, soft-capped scores."""
+    norms before RoPE, a window of 5 keys over pages of 4, soft-capped
+    scores; the cache in float32 or fp16."""
     gen = torch.Generator().manual_seed(9)
     heads, kv_heads, dim, page = 4, 2, 16, 4
     tokens = 12
@@ -256,8 +260,8 @@ def test_attention_with_head_norms_windows_and_soft_caps_gives_the_portable_bits
     outs = {}
     for variant, lib in builds.items():
         rows = qkv.clone()
-        k_layer = torch.zeros(6 * kv_heads, page, dim)
-        v_layer = torch.zeros(6 * kv_heads, page, dim)
+        k_layer = torch.zeros(6 * kv_heads, page, dim, dtype=kv_dtype)
+        v_layer = torch.zeros(6 * kv_heads, page, dim, dtype=kv_dtype)
         native.rope_write_kv(rows, heads, kv_heads, dim, angles.cos(), angles.sin(), positions, k_layer, v_layer,
                              write_rows, q_norm=q_norm, k_norm=k_norm, eps=1e-6, lib=lib)
         out = torch.empty(tokens, heads * dim)

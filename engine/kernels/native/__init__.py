@@ -46,6 +46,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name(name) for name in ("quant_matmul.c", "paged_attention.c", "forward.c", "argmax.c")]
+HEADERS = [Path(__file__).with_name("half.h")]
 FORMAT_CODES = {"q8_0": 0, "q4_0": 1, "q4_1": 2, "q4_k": 3, "q5_k": 4, "q6_k": 5, "q5_0": 6, "q5_1": 7}
 # Weights per block of each format: the packed data's second dimension counts blocks.
 BLOCK_WEIGHTS = {fmt: 256 if fmt.endswith("_k") else 32 for fmt in FORMAT_CODES}
@@ -156,7 +157,7 @@ def _cache_dir() -> Path:
 
 
 def _cached_name(variant: str) -> str:
-    digest = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES))
+    digest = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES + HEADERS))
     digest.update(" ".join(_BASE_FLAGS + VARIANT_FLAGS[variant]).encode())
     stem, suffix = os.path.splitext(library_name(variant))
     return f"{stem}-{digest.hexdigest()[:16]}{suffix}"
@@ -185,11 +186,11 @@ def _bind(path: Path) -> ctypes.CDLL:
     lib.tandem_quant_take_packed.restype = c_int
     lib.tandem_paged_attention.argtypes = [
         i64, i64, i64, i64, ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, ctypes.c_float, ptr, ptr, ptr, i64, c_int,
-        ctypes.c_float,
+        ctypes.c_float, c_int,
     ]
     lib.tandem_paged_attention.restype = c_int
     lib.tandem_rope_write_kv.argtypes = [
-        i64, i64, i64, i64, ptr, i64, ptr, ptr, ptr, ptr, ptr, ptr, c_int, ptr, ptr, ctypes.c_float, i64,
+        i64, i64, i64, i64, ptr, i64, ptr, ptr, ptr, ptr, ptr, ptr, c_int, ptr, ptr, ctypes.c_float, i64, c_int,
     ]
     lib.tandem_rope_write_kv.restype = c_int
     lib.tandem_quant_take_rows.argtypes = [c_int, i64, ptr, i64, ptr, ptr, ptr, ptr]
@@ -428,6 +429,19 @@ class BoundProduct:
         _check(status, "tandem_quant_gemm")
 
 
+# What the kernels keep the KV cache in: float32, or fp16 (1 below).
+KV_DTYPES = {torch.float32: 0, torch.float16: 1}
+
+
+def kv_half(k_layer: torch.Tensor, v_layer: torch.Tensor) -> int:
+    """The kernels' word for a cache layer's dtype (KV_DTYPES)."""
+    if k_layer.dtype != v_layer.dtype or k_layer.dtype not in KV_DTYPES:
+        raise ValueError(f"the native kernels keep K and V in float32 or float16, not {k_layer.dtype}/{v_layer.dtype}")
+    if not (k_layer.is_contiguous() and v_layer.is_contiguous()):
+        raise ValueError("the KV cache layers must be contiguous")
+    return KV_DTYPES[k_layer.dtype]
+
+
 def paged_attention(
     qkv: torch.Tensor,
     num_heads: int,
@@ -456,7 +470,7 @@ def paged_attention(
         qkv.shape[0], num_heads, num_kv_heads, head_dim, qkv.data_ptr(), qkv.stride(0),
         positions.data_ptr(), row_table.data_ptr(), page_table.data_ptr(), page_table.shape[0],
         page_table.shape[1], page_size, window or 0, scale, k_layer.data_ptr(), v_layer.data_ptr(),
-        out.data_ptr(), out.stride(0), torch.get_num_threads(), softcap or 0.0,
+        out.data_ptr(), out.stride(0), torch.get_num_threads(), softcap or 0.0, kv_half(k_layer, v_layer),
     )
     _check(status, "tandem_paged_attention")
     return out
@@ -491,7 +505,7 @@ def rope_write_kv(
         qkv.shape[0], num_heads, num_kv_heads, head_dim, qkv.data_ptr(), qkv.stride(0),
         cos_table.data_ptr(), sin_table.data_ptr(), positions.data_ptr(),
         k_layer.data_ptr(), v_layer.data_ptr(), write_rows.data_ptr(), torch.get_num_threads(),
-        _pointer(q_norm), _pointer(k_norm), eps, rotary_dim or head_dim,
+        _pointer(q_norm), _pointer(k_norm), eps, rotary_dim or head_dim, kv_half(k_layer, v_layer),
     )
     _check(status, "tandem_rope_write_kv")
 

@@ -20,13 +20,13 @@ int tandem_quant_gemm(int fmt, int64_t M, int64_t N, int64_t K, const float *x, 
                       int accumulate, const float *out_norm, float out_scale);
 int tandem_rope_write_kv(int64_t T, int64_t Hq, int64_t Hkv, int64_t D, float *qkv, int64_t qkv_stride,
                          const float *cos_table, const float *sin_table, const int64_t *positions,
-                         float *k_layer, float *v_layer, const int64_t *write_rows, int threads,
-                         const float *q_norm, const float *k_norm, float eps, int64_t R);
+                         void *k_layer, void *v_layer, const int64_t *write_rows, int threads,
+                         const float *q_norm, const float *k_norm, float eps, int64_t R, int kv_half);
 int tandem_paged_attention(int64_t T, int64_t Hq, int64_t Hkv, int64_t D, const float *q, int64_t q_stride,
                            const int64_t *positions, const int64_t *row_table, const int64_t *page_table,
                            int64_t S, int64_t max_pages, int64_t page_size, int64_t window, float scale,
-                           const float *k_layer, const float *v_layer, float *out, int64_t out_stride,
-                           int threads, float softcap);
+                           const void *k_layer, const void *v_layer, float *out, int64_t out_stride,
+                           int threads, float softcap, int kv_half);
 
 /* Words of a program record; the first is the op. */
 #define RECORD 20
@@ -55,8 +55,9 @@ static inline float float_word(int64_t word) {
 /* The records (words after the op):
  *   PRODUCT: fmt, N, K, data, scales, mins, bias, input buffer, output buffer, first output column,
  *            input op, norm weight, eps, accumulate, out norm, out scale
- *   ROPE: Hq, Hkv, D, qkv buffer, rope table, k layer, v layer, q norm, k norm, eps, rotary dims
- *   ATTENTION: Hq, Hkv, D, qkv buffer, output buffer, page size, window, scale, k layer, v layer, softcap
+ *   ROPE: Hq, Hkv, D, qkv buffer, rope table, k layer, v layer, q norm, k norm, eps, rotary dims, kv half
+ *   ATTENTION: Hq, Hkv, D, qkv buffer, output buffer, page size, window, scale, k layer, v layer, softcap,
+ *              kv half
  * Floats are stored as their 32 bits. Returns 0, or 1000 * (record + 1) + the failing call's status. */
 int tandem_forward_layers(const int64_t *program, int64_t records, const int64_t *step) {
     const int64_t T = step[STEP_TOKENS];
@@ -83,7 +84,7 @@ int tandem_forward_layers(const int64_t *program, int64_t records, const int64_t
             status = tandem_rope_write_kv(T, r[1], r[2], r[3], pointer(step[STEP_BUFFER + qkv]), step[STEP_STRIDE + qkv],
                                           pointer(step[STEP_COS + table]), pointer(step[STEP_SIN + table]), positions,
                                           pointer(r[6]), pointer(r[7]), pointer(step[STEP_WRITE_ROWS]), threads,
-                                          pointer(r[8]), pointer(r[9]), float_word(r[10]), r[11]);
+                                          pointer(r[8]), pointer(r[9]), float_word(r[10]), r[11], (int)r[12]);
             break;
         }
         case OP_ATTENTION: {
@@ -94,7 +95,7 @@ int tandem_forward_layers(const int64_t *program, int64_t records, const int64_t
                                             pointer(step[STEP_PAGE_TABLE]), step[STEP_SEQUENCES],
                                             step[STEP_MAX_PAGES], r[6], r[7], float_word(r[8]), pointer(r[9]),
                                             pointer(r[10]), pointer(step[STEP_BUFFER + out]), step[STEP_STRIDE + out],
-                                            threads, float_word(r[11]));
+                                            threads, float_word(r[11]), (int)r[12]);
             break;
         }
         default:

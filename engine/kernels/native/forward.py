@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.kernels.native import BoundProduct, _check, library
+from engine.kernels.native import BoundProduct, _check, kv_half, library
 
 X, QKV, ATTN, GATE_UP = range(4)
 BUFFERS = 4
@@ -75,7 +75,8 @@ class LayerProgram:
         if (q_norm is None) != (k_norm is None):
             raise ValueError("q and k head norms come together")
         self._add([_ROPE, heads, kv_heads, head_dim, QKV, table, k_layer.data_ptr(), v_layer.data_ptr(),
-                   _address(q_norm), _address(k_norm), _float(eps), rotary_dim], k_layer, v_layer, q_norm, k_norm)
+                   _address(q_norm), _address(k_norm), _float(eps), rotary_dim, kv_half(k_layer, v_layer)],
+                  k_layer, v_layer, q_norm, k_norm)
 
     def attention(
         self, heads: int, kv_heads: int, head_dim: int, page_size: int, window: int | None, scale: float,
@@ -83,7 +84,8 @@ class LayerProgram:
     ) -> None:
         """As native.paged_attention from the QKV buffer into the ATTN buffer."""
         self._add([_ATTENTION, heads, kv_heads, head_dim, QKV, ATTN, page_size, window or 0, _float(scale),
-                   k_layer.data_ptr(), v_layer.data_ptr(), _float(softcap or 0.0)], k_layer, v_layer)
+                   k_layer.data_ptr(), v_layer.data_ptr(), _float(softcap or 0.0), kv_half(k_layer, v_layer)],
+                  k_layer, v_layer)
 
     def run(
         self, buffers: Sequence[torch.Tensor], positions: torch.Tensor, row_table: torch.Tensor,

@@ -14,8 +14,12 @@
  * steps and of how its prompt was chunked or cached.
  *
  * Cache layout (engine.model.kv_cache.KVCache, one layer): [pages *
- * kv_heads, page_size, head_dim] float32; head h of page p is row
- * p * kv_heads + h.
+ * kv_heads, page_size, head_dim], float32 or (`kv_half`) fp16 as llama.cpp
+ * keeps it: half the memory, and half the bytes attention reads per key,
+ * which at a batch's contexts comes from memory rather than cache. A key
+ * or value is rounded to fp16 once, when written; read back it is exact
+ * in float32, and the arithmetic after is the same for both. Head h of
+ * page p is row p * kv_heads + h.
  */
 
 #include <math.h>
@@ -25,6 +29,43 @@
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #endif
+
+#include "half.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define ATTENTION_SIMD 1
+#else
+#define ATTENTION_SIMD 0
+#endif
+
+/* Element i of a cache row (float32, or fp16 where `half`), as float. */
+static inline float cache_at(const void *row, int64_t i, const int half) {
+    return half ? half_to_float(((const uint16_t *)row)[i]) : ((const float *)row)[i];
+}
+
+#if ATTENTION_SIMD
+/* Elements i..i+7 of a cache row, as floats. */
+static inline __m256 cache_load8(const void *row, int64_t i, const int half) {
+    if (half) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i)));
+    return _mm256_loadu_ps((const float *)row + i);
+}
+#endif
+
+/* A row of D floats into the cache (rounded to fp16 where `half`). */
+static inline void cache_store(void *row, const float *src, int64_t D, const int half) {
+    if (!half) {
+        memcpy(row, src, (size_t)D * sizeof(float));
+        return;
+    }
+    uint16_t *out = row;
+    int64_t i = 0;
+#if ATTENTION_SIMD
+    for (; i + 8 <= D; i += 8)
+        _mm_storeu_si128((__m128i *)(out + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+    for (; i < D; i++) out[i] = float_to_half(src[i]);
+}
 
 /* x = x / rms(x) * weight over one head (Qwen3's and Gemma 3's q/k norms),
  * the sum of squares in double, in order. */
@@ -59,20 +100,20 @@ static inline float lane_tree(const float l[8]) {
     return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 
-static inline float dot(const float *a, const float *b, int64_t n) {
+static inline float dot(const float *a, const void *key, int64_t n, const int half) {
     int64_t i = 0;
     float lane[8];
-#if defined(__AVX2__) && defined(__FMA__)
+#if ATTENTION_SIMD
     __m256 acc = _mm256_setzero_ps();
-    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), cache_load8(key, i, half), acc);
     _mm256_storeu_ps(lane, acc);
 #else
     for (int l = 0; l < 8; l++) lane[l] = 0.0f;
     for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++) lane[l] = fmaf(a[i + l], b[i + l], lane[l]);
+        for (int l = 0; l < 8; l++) lane[l] = fmaf(a[i + l], cache_at(key, i + l, half), lane[l]);
 #endif
     float s = lane_tree(lane);
-    for (; i < n; i++) s += a[i] * b[i];
+    for (; i < n; i++) s += a[i] * cache_at(key, i, half);
     return s;
 }
 
@@ -103,7 +144,7 @@ static inline float exp_fixed(float x) {
     return p * scale;
 }
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if ATTENTION_SIMD
 static inline __m256 exp_fixed8(__m256 x) {
     x = _mm256_max_ps(x, _mm256_set1_ps(EXP_LOWEST));
     const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -123,12 +164,12 @@ static inline __m256 exp_fixed8(__m256 x) {
 /* dot() of q with 8 keys at once: the same lanes, reduced by a transposing
  * tree (hadd pairs lanes 0+1, 2+3, ... exactly as lane_tree does). Needs
  * n % 8 == 0. */
-static inline __m256 dot8(const float *q, const float *const key[8], int64_t n) {
+static inline __m256 dot8(const float *q, const void *const key[8], int64_t n, const int half) {
     __m256 acc[8];
     for (int k = 0; k < 8; k++) acc[k] = _mm256_setzero_ps();
     for (int64_t i = 0; i < n; i += 8) {
         const __m256 qv = _mm256_loadu_ps(q + i);
-        for (int k = 0; k < 8; k++) acc[k] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(key[k] + i), acc[k]);
+        for (int k = 0; k < 8; k++) acc[k] = _mm256_fmadd_ps(qv, cache_load8(key[k], i, half), acc[k]);
     }
     /* hadd(a, b) = [a0+a1, a2+a3, b0+b1, b2+b3 | a4+a5, a6+a7, b4+b5, b6+b7] */
     const __m256 h01 = _mm256_hadd_ps(acc[0], acc[1]), h23 = _mm256_hadd_ps(acc[2], acc[3]);
@@ -146,9 +187,10 @@ static inline __m256 dot8(const float *q, const float *const key[8], int64_t n) 
  * engine.model.attention.AttentionMetadata's write_index). */
 int tandem_rope_write_kv(int64_t T, int64_t Hq, int64_t Hkv, int64_t D, float *qkv, int64_t qkv_stride,
                          const float *cos_table, const float *sin_table, const int64_t *positions,
-                         float *k_layer, float *v_layer, const int64_t *write_rows, int threads,
-                         const float *q_norm, const float *k_norm, float eps, int64_t R) {
-    if (R % 2 != 0 || R <= 0 || R > D || (q_norm == NULL) != (k_norm == NULL)) return 1;
+                         void *k_layer, void *v_layer, const int64_t *write_rows, int threads,
+                         const float *q_norm, const float *k_norm, float eps, int64_t R, int kv_half) {
+    if (R % 2 != 0 || R <= 0 || R > D || (q_norm == NULL) != (k_norm == NULL) || (kv_half & ~1)) return 1;
+    const int64_t row_bytes = D * (kv_half ? 2 : 4);
     #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && T >= 64)
     for (int64_t t = 0; t < T; t++) {
         float *row = qkv + t * qkv_stride;
@@ -157,13 +199,9 @@ int tandem_rope_write_kv(int64_t T, int64_t Hq, int64_t Hkv, int64_t D, float *q
             for (int64_t h = 0; h < Hq + Hkv; h++) head_rms_norm(row + h * D, h < Hq ? q_norm : k_norm, D, eps);
         for (int64_t h = 0; h < Hq + Hkv; h++) rotate_half(row + h * D, cos, sin, R);
         for (int64_t h = 0; h < Hkv; h++) {
-            float *k_dst = k_layer + write_rows[t * Hkv + h] * D;
-            float *v_dst = v_layer + write_rows[t * Hkv + h] * D;
-            const float *k_src = row + (Hq + h) * D, *v_src = row + (Hq + Hkv + h) * D;
-            for (int64_t i = 0; i < D; i++) {
-                k_dst[i] = k_src[i];
-                v_dst[i] = v_src[i];
-            }
+            const int64_t at = write_rows[t * Hkv + h] * row_bytes;
+            cache_store((char *)k_layer + at, row + (Hq + h) * D, D, kv_half);
+            cache_store((char *)v_layer + at, row + (Hq + Hkv + h) * D, D, kv_half);
         }
     }
     return 0;
@@ -176,19 +214,21 @@ int tandem_rope_write_kv(int64_t T, int64_t Hq, int64_t Hkv, int64_t D, float *q
  * summed in key order. Into scores[first .. length). `rows` query rows of
  * one GQA group share the keys, so each block of keys is read once for all
  * of them; every row's arithmetic is its own. */
-static void softmax_weights(const float *const q[], int rows, const float *const *key, int64_t D, int64_t first,
-                            int64_t length, float scale, float softcap, float *const scores[]) {
+static inline __attribute__((always_inline)) void softmax_weights(const float *const q[], int rows,
+                                                                  const void *const *key, int64_t D, int64_t first,
+                                                                  int64_t length, float scale, float softcap,
+                                                                  float *const scores[], const int half) {
     for (int r = 0; r < rows; r++) {
         float *sc = scores[r];
         int64_t j = first;
         float top = -INFINITY;
-#if defined(__AVX2__) && defined(__FMA__)
+#if ATTENTION_SIMD
         if (D % 8 == 0) {
             __m256 top8 = _mm256_set1_ps(-INFINITY);
             for (; j + 8 <= length; j += 8) {
-                const float *keys[8];
+                const void *keys[8];
                 for (int k = 0; k < 8; k++) keys[k] = key[j + k];
-                const __m256 s = _mm256_mul_ps(dot8(q[r], keys, D), _mm256_set1_ps(scale));
+                const __m256 s = _mm256_mul_ps(dot8(q[r], keys, D, half), _mm256_set1_ps(scale));
                 _mm256_storeu_ps(sc + j, s);
                 top8 = _mm256_max_ps(top8, s);
             }
@@ -198,7 +238,7 @@ static void softmax_weights(const float *const q[], int rows, const float *const
         }
 #endif
         for (; j < length; j++) {
-            sc[j] = dot(q[r], key[j], D) * scale;
+            sc[j] = dot(q[r], key[j], D, half) * scale;
             top = sc[j] > top ? sc[j] : top;
         }
         if (softcap > 0.0f) {
@@ -209,7 +249,7 @@ static void softmax_weights(const float *const q[], int rows, const float *const
             }
         }
         j = first;
-#if defined(__AVX2__) && defined(__FMA__)
+#if ATTENTION_SIMD
         for (; j + 8 <= length; j += 8)
             _mm256_storeu_ps(sc + j, exp_fixed8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), _mm256_set1_ps(top))));
 #endif
@@ -217,7 +257,7 @@ static void softmax_weights(const float *const q[], int rows, const float *const
         float total = 0.0f;
         for (j = first; j < length; j++) total += sc[j];
         j = first;
-#if defined(__AVX2__) && defined(__FMA__)
+#if ATTENTION_SIMD
         for (; j + 8 <= length; j += 8)
             _mm256_storeu_ps(sc + j, _mm256_div_ps(_mm256_loadu_ps(sc + j), _mm256_set1_ps(total)));
 #endif
@@ -227,18 +267,19 @@ static void softmax_weights(const float *const q[], int rows, const float *const
 
 /* out[r][i] = sum over keys j in order of scores[r][j] * value_j[i], each
  * dimension one fma chain; the values are read once for all rows. */
-static void weighted_values(int rows, const float *const *value_at, int64_t D, int64_t first, int64_t length,
-                            float *const scores[], float *const out[]) {
+static inline __attribute__((always_inline)) void weighted_values(int rows, const void *const *value_at, int64_t D,
+                                                                  int64_t first, int64_t length,
+                                                                  float *const scores[], float *const out[],
+                                                                  const int half) {
     int64_t i = 0;
-#if defined(__AVX2__) && defined(__FMA__)
+#if ATTENTION_SIMD
     for (; i + 16 <= D; i += 16) {
         for (int r0 = 0; r0 < rows; r0 += 4) {
             const int n = rows - r0 < 4 ? rows - r0 : 4;
             __m256 a[4][2];
             for (int r = 0; r < 4; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
             for (int64_t j = first; j < length; j++) {
-                const float *value = value_at[j] + i;
-                const __m256 v0 = _mm256_loadu_ps(value), v1 = _mm256_loadu_ps(value + 8);
+                const __m256 v0 = cache_load8(value_at[j], i, half), v1 = cache_load8(value_at[j], i + 8, half);
                 for (int r = 0; r < 4; r++) {
                     if (r >= n) break;
                     const __m256 p = _mm256_set1_ps(scores[r0 + r][j]);
@@ -256,7 +297,7 @@ static void weighted_values(int rows, const float *const *value_at, int64_t D, i
     for (; i < D; i++) {
         for (int r = 0; r < rows; r++) {
             float acc = 0.0f;
-            for (int64_t j = first; j < length; j++) acc = fmaf(scores[r][j], value_at[j][i], acc);
+            for (int64_t j = first; j < length; j++) acc = fmaf(scores[r][j], cache_at(value_at[j], i, half), acc);
             out[r][i] = acc;
         }
     }
@@ -264,16 +305,16 @@ static void weighted_values(int rows, const float *const *value_at, int64_t D, i
 
 /* Where each key and value of one sequence's KV head lies, for keys
  * [first, length): walked page by page, no division per key. */
-static void locate_keys(const float *k_layer, const float *v_layer, const int64_t *pages, int64_t Hkv, int64_t h,
-                        int64_t D, int64_t page_size, int64_t first, int64_t length, const float **key,
-                        const float **value) {
-    const int64_t row_elems = page_size * D;
+static void locate_keys(const char *k_layer, const char *v_layer, const int64_t *pages, int64_t Hkv, int64_t h,
+                        int64_t D, int64_t page_size, int64_t first, int64_t length, const void **key,
+                        const void **value, int64_t element_bytes) {
+    const int64_t row_elems = page_size * D * element_bytes;
     int64_t j = first, page = first / page_size, slot = first % page_size;
     while (j < length) {
         const int64_t row = (pages[page] * Hkv + h) * row_elems;
         for (; slot < page_size && j < length; slot++, j++) {
-            key[j] = k_layer + row + slot * D;
-            value[j] = v_layer + row + slot * D;
+            key[j] = k_layer + row + slot * D * element_bytes;
+            value[j] = v_layer + row + slot * D * element_bytes;
         }
         page++;
         slot = 0;
@@ -288,9 +329,9 @@ static void locate_keys(const float *k_layer, const float *v_layer, const int64_
 int tandem_paged_attention(int64_t T, int64_t Hq, int64_t Hkv, int64_t D, const float *q, int64_t q_stride,
                            const int64_t *positions, const int64_t *row_table, const int64_t *page_table,
                            int64_t S, int64_t max_pages, int64_t page_size, int64_t window, float scale,
-                           const float *k_layer, const float *v_layer, float *out, int64_t out_stride,
-                           int threads, float softcap) {
-    if (Hkv <= 0 || Hq % Hkv != 0 || page_size <= 0) return 1;
+                           const void *k_layer, const void *v_layer, float *out, int64_t out_stride,
+                           int threads, float softcap, int kv_half) {
+    if (Hkv <= 0 || Hq % Hkv != 0 || page_size <= 0 || (kv_half & ~1)) return 1;
     int64_t longest = 0;
     for (int64_t t = 0; t < T; t++) {
         if (positions[t] < 0 || positions[t] / page_size >= max_pages || row_table[t] < 0 || row_table[t] >= S)
@@ -303,8 +344,8 @@ int tandem_paged_attention(int64_t T, int64_t Hq, int64_t Hkv, int64_t D, const 
     #pragma omp parallel num_threads(threads) if (threads > 1 && T * Hq * longest >= 4096)
     {
         float *scores = malloc((size_t)(group * longest) * sizeof(float));
-        const float **key_at = malloc((size_t)longest * sizeof(float *));
-        const float **value_at = malloc((size_t)longest * sizeof(float *));
+        const void **key_at = malloc((size_t)longest * sizeof(void *));
+        const void **value_at = malloc((size_t)longest * sizeof(void *));
         if (!scores || !key_at || !value_at) {
             free(scores);
             scores = NULL;
@@ -326,9 +367,16 @@ int tandem_paged_attention(int64_t T, int64_t Hq, int64_t Hkv, int64_t D, const 
                     out_rows[g] = out + t * out_stride + (h * group + g) * D;
                 }
                 const int64_t *pages = page_table + row_table[t] * max_pages;
-                locate_keys(k_layer, v_layer, pages, Hkv, h, D, page_size, first, length, key_at, value_at);
-                softmax_weights(q_rows, (int)group, key_at, D, first, length, scale, softcap, score_rows);
-                weighted_values((int)group, value_at, D, first, length, score_rows, out_rows);
+                locate_keys(k_layer, v_layer, pages, Hkv, h, D, page_size, first, length, key_at, value_at,
+                            kv_half ? 2 : 4);
+                /* Compiled once for each cache type: no test of it per key. */
+                if (kv_half) {
+                    softmax_weights(q_rows, (int)group, key_at, D, first, length, scale, softcap, score_rows, 1);
+                    weighted_values((int)group, value_at, D, first, length, score_rows, out_rows, 1);
+                } else {
+                    softmax_weights(q_rows, (int)group, key_at, D, first, length, scale, softcap, score_rows, 0);
+                    weighted_values((int)group, value_at, D, first, length, score_rows, out_rows, 0);
+                }
             }
         }
         free(scores);
