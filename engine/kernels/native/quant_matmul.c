@@ -664,13 +664,25 @@ static inline __m256i dot_u8s8(__m256i p, __m256i w, __m256i x) {
 #endif
 }
 
+#define TILE_ROWS 4
+
+/* Whether a tile of mr > 1 rows takes two octets (each row's broadcast
+ * inputs then serve both), where that measured faster (bench/quant_kernels.py;
+ * for AVX2 an in-process A/B of the two builds, the same bits): with
+ * 256-bit VNNI's 32 registers, every 4/5-bit format; for q8_0's larger
+ * pieces, and for a single row, one octet streams the weights better.
+ * AVX2 has 16 registers: two octets of q4_0 / q4_1 ran 9-13% faster at
+ * 4 to 16 rows and 25-33% at 2 and 3; q8_0 8-11% at 2 and 3 rows and the
+ * same at 4; q5_0 / q5_1, whose fifth bits take registers too, the same
+ * at 2 rows and 7-11% slower from 3. */
+static inline int two_octet_tiles(int fmt, int64_t mr) {
 #if TANDEM_SIMD == 3
-#define TILE_ROWS 4
-#define TILE_OCTETS 2
+    (void)mr;
+    return fmt != FMT_Q8_0;
 #else
-#define TILE_ROWS 4
-#define TILE_OCTETS 1
+    return fmt == FMT_Q4_0 || fmt == FMT_Q4_1 || (fmt == FMT_Q8_0 && mr < TILE_ROWS);
 #endif
+}
 
 static inline __m256i load32(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
@@ -692,7 +704,11 @@ static inline __m256i load32(const uint8_t *p) { return _mm256_loadu_si256((cons
  * q4_K 1.4x). The tiles ask on their first pass over a block of octets
  * (rows 0..3 of x; later passes find it in cache), with one row, or for
  * the raw layouts (q5_0 / q5_1 and q6_K; q8_0 and q4_K ran 3-8% slower
- * with it at 4 rows). */
+ * with it at 4 rows), or with two octets on AVX2: there each tile starts
+ * two streams of an octet's groups where one octet at a time continues
+ * one, and for short rows the hardware prefetcher lagged (q4_0 6912 x
+ * 1152 from memory, 2 rows, both threads: 19% slower than one octet at a
+ * time without it, 9% with it). */
 #define PREFETCH_AHEAD 2048
 /* always_inline: GCC takes a function that only prefetches for one without
  * effects, and drops its calls. */
@@ -768,7 +784,7 @@ static inline __attribute__((always_inline)) void tile(const PackedWeight *w, co
      * order). */
     const int split = TANDEM_SIMD >= 2 && MR * NO <= 2;
     for (int64_t g = 0; g < G; g++) {
-        if (r0 == 0 && (MR == 1 || five))
+        if (r0 == 0 && (MR == 1 || five || (TANDEM_SIMD == 1 && NO == 2)))
             for (int o = 0; o < NO; o++) prefetch_weights(base[o] + g * obytes, obytes);
         __m256i p[4][2], q[4][2];
         for (int r = 0; r < MR; r++)
@@ -1111,12 +1127,7 @@ static inline __attribute__((always_inline)) void format_octets(const PackedWeig
         }
         return;
     }
-#if TILE_OCTETS == 2
-    /* Two octets per tile where that measured faster: 4-bit weights and
-     * more than one row (bench/quant_kernels.py; for q8_0's larger
-     * pieces and for a single row, one octet streams the weights
-     * better). */
-    for (; fmt != FMT_Q8_0 && mr > 1 && octet + 2 <= last; octet += 2) {
+    for (; two_octet_tiles(fmt, mr) && mr > 1 && octet + 2 <= last; octet += 2) {
         switch (mr) {
         case 4: TILE_CASE(4, 2); break;
         case 3: TILE_CASE(3, 2); break;
@@ -1124,7 +1135,6 @@ static inline __attribute__((always_inline)) void format_octets(const PackedWeig
         default: TILE_CASE(1, 2); break;
         }
     }
-#endif
     for (; octet < last; octet++) {
         switch (mr) {
         case 4: TILE_CASE(4, 1); break;
