@@ -341,7 +341,11 @@ int tandem_paged_attention(int64_t T, int64_t Hq, int64_t Hkv, int64_t D, const 
     const int64_t group = Hq / Hkv;
     if (group > 64) return 1;
     int failed = 0;
-    #pragma omp parallel num_threads(threads) if (threads > 1 && T * Hq * longest >= 4096)
+    /* Threads where the work (query heads x keys x head size) is worth a
+     * fork: for 64-wide heads the 4096 head-keys this was tuned with;
+     * Gemma's 256-wide heads reach it with a quarter as many (16 rows x
+     * 4 heads of a short chat ran on one thread while the other waited). */
+    #pragma omp parallel num_threads(threads) if (threads > 1 && T * Hq * longest * D >= (int64_t)4096 * 64)
     {
         float *scores = malloc((size_t)(group * longest) * sizeof(float));
         const void **key_at = malloc((size_t)longest * sizeof(void *));
