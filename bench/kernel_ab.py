@@ -1,0 +1,130 @@
+"""The working tree's quantized products against a git revision's, in one process.
+
+    .venv/bin/python bench/kernel_ab.py --base HEAD~1 [--cases q4_0:1152:6912,q8_0:3072:1024]
+        [--rows 16] [--threads 1] [--copies 1] [--alternations 15]
+
+Builds the kernels of `--base` (its engine/kernels/native sources, `git
+show`) and of the working tree with the same compiler flags (this CPU's
+variant, engine/kernels/native VARIANT_FLAGS), loads both, and times the
+same product with each in turn, --alternations times: the host's speed
+moves between alternations, not within one, so the best of each side
+compares code. Each case is `format:N:K` (N output columns, K inputs),
+random weights, --rows rows of x. `--copies C` cycles through C different
+weights of the case, so that with C times the weight's bytes above the
+caches every call reads its weight from memory (a decode step's situation)
+instead of from cache. Both builds must give the same bits (the kernels'
+contract); a difference is reported and fails the run.
+
+Between two builds of unchanged code this host showed up to ~8% apart
+(code layout), so a change worth keeping shows on several shapes beside an
+unchanged format measured as a control.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from bench.common import machine, machine_line  # noqa: E402
+from engine.kernels import native  # noqa: E402
+from engine.model.quant import RAW_BLOCK_FORMATS, pack_weight, quantize, random_raw_weight  # noqa: E402
+
+NATIVE = "engine/kernels/native"
+
+
+def build(sources: Path, variant: str, output: Path) -> Path:
+    files = [sources / source.name for source in native.SOURCES]
+    command = ["gcc", *native._BASE_FLAGS, *native.VARIANT_FLAGS[variant], f"-I{sources}", *map(str, files),
+               "-o", str(output), "-lm"]
+    subprocess.run(command, check=True, capture_output=True, text=True)
+    return output
+
+
+def base_sources(revision: str, into: Path) -> Path:
+    for source in [*native.SOURCES, *native.HEADERS]:
+        text = subprocess.run(["git", "-C", str(ROOT), "show", f"{revision}:{NATIVE}/{source.name}"],
+                              check=True, capture_output=True).stdout
+        (into / source.name).write_bytes(text)
+    return into
+
+
+def weight(fmt: str, n: int, k: int, gen: torch.Generator):
+    if fmt in RAW_BLOCK_FORMATS:
+        return pack_weight(random_raw_weight(fmt, n, k, gen))
+    return pack_weight(quantize(torch.randn(n, k, generator=gen), fmt))
+
+
+def compare(libs: dict, fmt: str, n: int, k: int, rows: int, copies: int, alternations: int) -> dict:
+    gen = torch.Generator().manual_seed(n * 31 + k)
+    weights = [weight(fmt, n, k, gen) for _ in range(copies)]
+    x = torch.randn(rows, k, generator=gen)
+    out = {name: torch.empty(rows, n) for name in libs}
+    best = {name: float("inf") for name in libs}
+    calls = max(copies, 5)
+    for _ in range(alternations):
+        for name, lib in libs.items():
+            start = time.perf_counter()
+            for call in range(calls):
+                w = weights[call % copies]
+                native.quant_matmul_into(fmt, x, w.data, w.scales, w.mins, None, out[name], lib=lib)
+            best[name] = min(best[name], (time.perf_counter() - start) / calls)
+    same = torch.equal(out["base"], out["work"])  # each side's last call used the same weight
+    return {
+        "case": f"{fmt}:{n}:{k}",
+        "rows": rows,
+        "base_us": round(best["base"] * 1e6, 1),
+        "work_us": round(best["work"] * 1e6, 1),
+        "work_over_base": round(best["work"] / best["base"], 3),
+        "gmac_per_s_work": round(rows * n * k / best["work"] / 1e9, 1),
+        "same_bits": same,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", required=True, help="git revision whose kernels to compare with")
+    parser.add_argument("--cases", default="q4_0:1152:6912,q4_0:3072:1024,q8_0:3072:1024,q5_0:3072:576")
+    parser.add_argument("--rows", default="16", help="comma-separated row counts")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--copies", type=int, default=1, help="weights per case, cycled (>1: from memory)")
+    parser.add_argument("--alternations", type=int, default=15)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    variant = native.cpu_variant()
+    with tempfile.TemporaryDirectory(prefix="tandem-kernel-ab-") as scratch:
+        scratch = Path(scratch)
+        (scratch / "base").mkdir()
+        libs = {
+            "base": native._bind(build(base_sources(args.base, scratch / "base"), variant, scratch / "base.so")),
+            "work": native._bind(build(ROOT / NATIVE, variant, scratch / "work.so")),
+        }
+        results = []
+        for rows in (int(r) for r in args.rows.split(",")):
+            for case in args.cases.split(","):
+                fmt, n, k = case.split(":")
+                result = compare(libs, fmt, int(n), int(k), rows, args.copies, args.alternations)
+                results.append(result)
+                print(f"{result['case']:>18} rows {rows:>3}: base {result['base_us']:>9.1f} us, "
+                      f"work {result['work_us']:>9.1f} us, work/base {result['work_over_base']:.3f}"
+                      f"{'' if result['same_bits'] else '  DIFFERENT BITS'}", file=sys.stderr)
+    info = machine(args.threads)
+    print(machine_line(info) + f", kernels {variant}, base {args.base}", file=sys.stderr)
+    print(json.dumps({"base": args.base, "variant": variant, "copies": args.copies, "results": results,
+                      "machine": info}, indent=1))
+    if not all(result["same_bits"] for result in results):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
