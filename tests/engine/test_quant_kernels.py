@@ -6,8 +6,9 @@ AVX-512 VNNI) must follow it exactly, so that which machine a reply was
 computed on, like which batch it was computed in, never changes it. Every
 variant is compiled here; the ones this CPU can run are compared with the
 portable build bit for bit, on shapes on both sides of each tile size (4
-rows of x, 2 octets of 8 output columns, blocks of 4 octets) and of the
-last partial octet. The raw GGUF formats (q4_k ... q5_1) are also checked
+rows of x, 2 octets of 8 output columns, blocks of 4 octets), of the
+last partial octet and of the octet size from which tiles of 2 or 3 rows
+take two octets. The raw GGUF formats (q4_k ... q5_1) are also checked
 against a float64 reference of the same arithmetic.
 """
 
@@ -69,7 +70,11 @@ def test_a_forced_variant_that_does_not_exist_is_named(monkeypatch: pytest.Monke
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize(
     ("rows", "cols", "inputs"),
-    [(1, 8, 32), (3, 52, 96), (4, 37, 64), (5, 16, 128), (9, 70, 256), (33, 136, 96), (130, 40, 64)],
+    [(1, 8, 32), (3, 52, 96), (4, 37, 64), (5, 16, 128), (9, 70, 256), (33, 136, 96), (130, 40, 64),
+     # Under 4 rows the AVX2 tiles take two octets only where an octet's
+     # groups are 8 KB or more (TWO_STREAMS_BYTES): q4_0 / q4_1 from 2048
+     # inputs, q8_0 from 1024; one side and the other.
+     (2, 44, 2048), (3, 40, 1984)],
 )
 def test_every_variant_gives_the_portable_bits(builds: dict, fmt: str, rows: int, cols: int, inputs: int) -> None:
     gen = torch.Generator().manual_seed(rows * 1000 + cols)

@@ -668,18 +668,24 @@ static inline __m256i dot_u8s8(__m256i p, __m256i w, __m256i x) {
 
 /* Whether a tile of mr > 1 rows takes two octets (each row's broadcast
  * inputs then serve both), where that measured faster (bench/quant_kernels.py;
- * for AVX2 an in-process A/B of the two builds, the same bits): with
- * 256-bit VNNI's 32 registers, every 4/5-bit format; for q8_0's larger
- * pieces, and for a single row, one octet streams the weights better.
- * AVX2 has 16 registers: two octets of q4_0 / q4_1 ran 9-13% faster at
- * 4 to 16 rows and 25-33% at 2 and 3; q8_0 8-11% at 2 and 3 rows and the
- * same at 4; q5_0 / q5_1, whose fifth bits take registers too, the same
- * at 2 rows and 7-11% slower from 3. */
-static inline int two_octet_tiles(int fmt, int64_t mr) {
+ * for AVX2 bench/kernel_ab.py, the same bits): with 256-bit VNNI's 32
+ * registers, every 4/5-bit format; for q8_0's larger pieces, and for a
+ * single row, one octet streams the weights better. AVX2 has 16
+ * registers: two octets of q4_0 / q4_1 ran 10% faster at 16 rows and
+ * 11-25% at 2 and 3; q8_0 8-12% at 2 and 3 rows and the same at 4; q5_0
+ * / q5_1, whose fifth bits take registers too, the same at 2 rows and
+ * 7-11% slower from 3. With fewer than TILE_ROWS rows the product is one
+ * pass that reads its weight from memory, and two octets are two streams
+ * that each tile starts afresh: with an octet's groups under 8 KB (q4_0
+ * 6912 x 1152: 4.6 KB) that ran 10% slower from memory, so there one
+ * octet at a time continues one stream. */
+#define TWO_STREAMS_BYTES 8192
+static inline int two_octet_tiles(int fmt, int64_t mr, int64_t octet_bytes) {
 #if TANDEM_SIMD == 3
-    (void)mr;
+    (void)mr, (void)octet_bytes;
     return fmt != FMT_Q8_0;
 #else
+    if (mr < TILE_ROWS && octet_bytes < TWO_STREAMS_BYTES) return 0;
     return fmt == FMT_Q4_0 || fmt == FMT_Q4_1 || (fmt == FMT_Q8_0 && mr < TILE_ROWS);
 #endif
 }
@@ -1127,7 +1133,7 @@ static inline __attribute__((always_inline)) void format_octets(const PackedWeig
         }
         return;
     }
-    for (; two_octet_tiles(fmt, mr) && mr > 1 && octet + 2 <= last; octet += 2) {
+    for (; mr > 1 && two_octet_tiles(fmt, mr, w->G * octet_group_bytes(fmt)) && octet + 2 <= last; octet += 2) {
         switch (mr) {
         case 4: TILE_CASE(4, 2); break;
         case 3: TILE_CASE(3, 2); break;
