@@ -158,3 +158,19 @@ def test_perplexity_bench_rounds_inputs_as_the_kernel_does(fmt: str) -> None:
         emulated = emulated + kept @ weight.mins.float().T
     assert (kernel - emulated).abs().max() < 1e-4 * kernel.abs().max()
     assert (kernel - unrounded).abs().max() > 100 * (kernel - emulated).abs().max()  # rounding is what differs
+
+
+@pytest.mark.skipif(not cpu_kernel_available(), reason="the native quantized CPU kernel does not run here")
+def test_kernel_ab_times_both_builds_and_checks_their_bits(tmp_path: Path) -> None:
+    from bench import kernel_ab
+    from engine.kernels import native
+
+    lib = native.library()
+    result = kernel_ab.compare({"base": lib, "work": lib}, "q4_0", 24, 64, rows=3, copies=2, alternations=1)
+    assert result["case"] == "q4_0:24:64" and result["rows"] == 3
+    assert result["same_bits"] is True and result["base_us"] > 0 and result["work_us"] > 0
+    # A revision's kernel sources, every file the build reads, as git holds them.
+    kernel_ab.base_sources("HEAD", tmp_path)
+    wanted = [*native.SOURCES, *native.HEADERS]
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(path.name for path in wanted)
+    assert b"int tandem_quant_gemm(" in (tmp_path / "quant_matmul.c").read_bytes()
