@@ -156,6 +156,32 @@ def test_prefill_rows_are_rotated_and_written_to_their_cache_rows(
             assert torch.equal(v_layer[row], before[t, (heads + kv_heads + h) * dim :][:dim].to(kv_dtype))
 
 
+def test_rows_rotate_to_the_same_bits_alone_as_in_a_threaded_step() -> None:
+    # 64 rows of 6 heads of 64 values: past the size from which the rows
+    # are shared among threads; one row alone stays on one.
+    gen = torch.Generator().manual_seed(2)
+    heads, kv_heads, dim, page, rows = 4, 2, 64, 16, 64
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim, generator=gen)
+    cos, sin = _rope_tables(dim, dim)
+    norm = 1 + 0.3 * torch.randn(dim, generator=gen)
+    positions = torch.arange(rows) % 8
+    write_rows = torch.arange(rows * kv_heads)
+    together = qkv.clone()
+    k_layer = torch.zeros(rows * kv_heads, dim, dtype=torch.float16)
+    v_layer = torch.zeros_like(k_layer)
+    native.rope_write_kv(together, heads, kv_heads, dim, cos, sin, positions, k_layer, v_layer, write_rows,
+                         q_norm=norm, k_norm=norm, eps=1e-6, rotary_dim=dim)
+    for t in (0, 31, 63):
+        alone = qkv[t : t + 1].clone()
+        k_alone, v_alone = torch.zeros(kv_heads, dim, dtype=torch.float16), torch.zeros(kv_heads, dim,
+                                                                                         dtype=torch.float16)
+        native.rope_write_kv(alone, heads, kv_heads, dim, cos, sin, positions[t : t + 1], k_alone, v_alone,
+                             torch.arange(kv_heads), q_norm=norm, k_norm=norm, eps=1e-6, rotary_dim=dim)
+        assert torch.equal(alone[0], together[t])
+        assert torch.equal(k_alone, k_layer[t * kv_heads : (t + 1) * kv_heads])
+        assert torch.equal(v_alone, v_layer[t * kv_heads : (t + 1) * kv_heads])
+
+
 def test_an_fp16_cache_rounds_every_value_as_torch_does_in_every_build() -> None:
     """float32 -> fp16 on the way into the cache, rounded to nearest even:
     ties both ways, subnormal halves, values past the largest half (inf),

@@ -191,7 +191,9 @@ int tandem_rope_write_kv(int64_t T, int64_t Hq, int64_t Hkv, int64_t D, float *q
                          const float *q_norm, const float *k_norm, float eps, int64_t R, int kv_half) {
     if (R % 2 != 0 || R <= 0 || R > D || (q_norm == NULL) != (k_norm == NULL) || (kv_half & ~1)) return 1;
     const int64_t row_bytes = D * (kv_half ? 2 : 4);
-    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && T >= 64)
+    /* Threads from 16k values a step (Qwen3's 24 heads of 128 at 16 rows:
+     * alone, the other thread waited through it, ~1% of a step). */
+    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && T * (Hq + Hkv) * D >= (1 << 14))
     for (int64_t t = 0; t < T; t++) {
         float *row = qkv + t * qkv_stride;
         const float *cos = cos_table + positions[t] * R, *sin = sin_table + positions[t] * R;
