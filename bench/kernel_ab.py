@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -44,7 +46,8 @@ NATIVE = "engine/kernels/native"
 
 def build(sources: Path, variant: str, output: Path) -> Path:
     files = [sources / source.name for source in native.SOURCES]
-    command = ["gcc", *native._BASE_FLAGS, *native.VARIANT_FLAGS[variant], f"-I{sources}", *map(str, files),
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or "gcc"
+    command = [compiler, *native._BASE_FLAGS, *native.VARIANT_FLAGS[variant], f"-I{sources}", *map(str, files),
                "-o", str(output), "-lm"]
     subprocess.run(command, check=True, capture_output=True, text=True)
     return output
@@ -99,6 +102,13 @@ def main() -> None:
     parser.add_argument("--copies", type=int, default=1, help="weights per case, cycled (>1: from memory)")
     parser.add_argument("--alternations", type=int, default=15)
     args = parser.parse_args()
+    cases = []
+    for case in args.cases.split(","):
+        fmt, n, k = case.split(":")
+        if fmt not in native.FORMAT_CODES or int(k) % native.BLOCK_WEIGHTS[fmt]:
+            parser.error(f"{case}: a format of {sorted(native.FORMAT_CODES)} and inputs a multiple of its "
+                         f"block ({native.BLOCK_WEIGHTS.get(fmt, '?')})")
+        cases.append((fmt, int(n), int(k)))
     torch.set_num_threads(args.threads)
     variant = native.cpu_variant()
     with tempfile.TemporaryDirectory(prefix="tandem-kernel-ab-") as scratch:
@@ -110,9 +120,8 @@ def main() -> None:
         }
         results = []
         for rows in (int(r) for r in args.rows.split(",")):
-            for case in args.cases.split(","):
-                fmt, n, k = case.split(":")
-                result = compare(libs, fmt, int(n), int(k), rows, args.copies, args.alternations)
+            for fmt, n, k in cases:
+                result = compare(libs, fmt, n, k, rows, args.copies, args.alternations)
                 results.append(result)
                 print(f"{result['case']:>18} rows {rows:>3}: base {result['base_us']:>9.1f} us, "
                       f"work {result['work_us']:>9.1f} us, work/base {result['work_over_base']:.3f}"
