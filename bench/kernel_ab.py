@@ -4,8 +4,8 @@
         [--rows 16] [--threads 1] [--copies 1] [--alternations 15]
 
 Builds the kernels of `--base` (its engine/kernels/native sources, `git
-show`) and of the working tree with the same compiler flags (this CPU's
-variant, engine/kernels/native VARIANT_FLAGS), loads both, and times the
+show`) and of the working tree as the engine builds them (this CPU's
+variant, engine.kernels.native.compile_library), loads both, and times the
 same product with each in turn, --alternations times: the host's speed
 moves between alternations, not within one, so the best of each side
 compares code. Each case is `format:N:K` (N output columns, K inputs),
@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -42,15 +40,6 @@ from engine.kernels import native  # noqa: E402
 from engine.model.quant import RAW_BLOCK_FORMATS, pack_weight, quantize, random_raw_weight  # noqa: E402
 
 NATIVE = "engine/kernels/native"
-
-
-def build(sources: Path, variant: str, output: Path) -> Path:
-    files = [sources / source.name for source in native.SOURCES]
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or "gcc"
-    command = [compiler, *native._BASE_FLAGS, *native.VARIANT_FLAGS[variant], f"-I{sources}", *map(str, files),
-               "-o", str(output), "-lm"]
-    subprocess.run(command, check=True, capture_output=True, text=True)
-    return output
 
 
 def base_sources(revision: str, into: Path) -> Path:
@@ -115,8 +104,9 @@ def main() -> None:
         scratch = Path(scratch)
         (scratch / "base").mkdir()
         libs = {
-            "base": native._bind(build(base_sources(args.base, scratch / "base"), variant, scratch / "base.so")),
-            "work": native._bind(build(ROOT / NATIVE, variant, scratch / "work.so")),
+            "base": native._bind(native.compile_library(variant, scratch / "base.so",
+                                                        sources=base_sources(args.base, scratch / "base"))),
+            "work": native._bind(native.compile_library(variant, scratch / "work.so")),
         }
         results = []
         for rows in (int(r) for r in args.rows.split(",")):

@@ -160,7 +160,7 @@ def test_rows_rotate_to_the_same_bits_alone_as_in_a_threaded_step() -> None:
     # 64 rows of 6 heads of 64 values: past the size from which the rows
     # are shared among threads; one row alone stays on one.
     gen = torch.Generator().manual_seed(2)
-    heads, kv_heads, dim, page, rows = 4, 2, 64, 16, 64
+    heads, kv_heads, dim, rows = 4, 2, 64, 64
     qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim, generator=gen)
     cos, sin = _rope_tables(dim, dim)
     norm = 1 + 0.3 * torch.randn(dim, generator=gen)
@@ -173,8 +173,8 @@ def test_rows_rotate_to_the_same_bits_alone_as_in_a_threaded_step() -> None:
                          q_norm=norm, k_norm=norm, eps=1e-6, rotary_dim=dim)
     for t in (0, 31, 63):
         alone = qkv[t : t + 1].clone()
-        k_alone, v_alone = torch.zeros(kv_heads, dim, dtype=torch.float16), torch.zeros(kv_heads, dim,
-                                                                                         dtype=torch.float16)
+        k_alone = torch.zeros(kv_heads, dim, dtype=torch.float16)
+        v_alone = torch.zeros_like(k_alone)
         native.rope_write_kv(alone, heads, kv_heads, dim, cos, sin, positions[t : t + 1], k_alone, v_alone,
                              torch.arange(kv_heads), q_norm=norm, k_norm=norm, eps=1e-6, rotary_dim=dim)
         assert torch.equal(alone[0], together[t])

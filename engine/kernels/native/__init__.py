@@ -125,15 +125,18 @@ def library_name(variant: str) -> str:
     return f"tandem_quant_{variant}{suffix}"
 
 
-def compile_library(variant: str, output: Path, compiler: str | None = None) -> Path:
-    """Build the kernels for `variant` into `output` (atomically)."""
+def compile_library(variant: str, output: Path, compiler: str | None = None, sources: Path | None = None) -> Path:
+    """Build the kernels for `variant` into `output` (atomically), from this
+    folder's sources or from the same files in `sources` (bench/kernel_ab.py:
+    another revision's)."""
     compiler = compiler or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise NativeKernelError("no C compiler found (cc or gcc; set CC to choose one)")
     output.parent.mkdir(parents=True, exist_ok=True)
     fd, partial = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.", suffix=".partial")
     os.close(fd)
-    command = [compiler, *_BASE_FLAGS, *VARIANT_FLAGS[variant], *map(str, SOURCES), "-o", partial, "-lm"]
+    files = SOURCES if sources is None else [sources / source.name for source in SOURCES]
+    command = [compiler, *_BASE_FLAGS, *VARIANT_FLAGS[variant], *map(str, files), "-o", partial, "-lm"]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
         if done.returncode != 0:
