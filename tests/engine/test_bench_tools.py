@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from bench.common import gguf_bytes_per_token, machine_line, parse_cpuinfo
+from bench.common import cpu_description, gguf_bytes_per_token, machine_line, parse_cpuinfo
 from bench.llamacpp import BatchedRow, parse_batched_bench
 from bench.perplexity import round_to_int8_groups
 from bench.throughput import goals
@@ -174,3 +174,37 @@ def test_kernel_ab_times_both_builds_and_checks_their_bits(tmp_path: Path) -> No
     wanted = [*native.SOURCES, *native.HEADERS]
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted(path.name for path in wanted)
     assert b"int tandem_quant_gemm(" in (tmp_path / "quant_matmul.c").read_bytes()
+
+
+def test_issue_bound_loop_is_the_q8_0_tile_group() -> None:
+    from bench.int8_issue_bound import LOOPS, group_instructions
+
+    def count(lines: list[str], op: str) -> int:
+        return sum(line.split()[0] == op for line in lines)
+
+    group = group_instructions(sign=True, madd=True, epilogue=True)
+    # 4 rows x 8 pieces of 4 inputs: one broadcast, sign, maddubs, madd and
+    # add each, plus each piece's load and |w|; the float step per row.
+    assert count(group, "vpbroadcastd") == count(group, "vpmaddubsw") == count(group, "vpmaddwd") == 32
+    assert count(group, "vpaddd") == 32 and count(group, "vpsignb") == 32 + 8
+    assert count(group, "vmovdqu") == 8 + 2  # the pieces, and two constants
+    assert count(group, "vcvtdq2ps") == count(group, "vfmadd231ps") == count(group, "vmulps") == 4
+    assert group == LOOPS["loop"]()
+    no_sign = LOOPS["loop_no_sign"]()
+    assert count(no_sign, "vpsignb") == 8 and len(no_sign) == len(group) - 32
+    assert count(LOOPS["loop_no_madd"](), "vpmaddwd") == 0
+    assert count(LOOPS["loop_no_epilogue"](), "vcvtdq2ps") == 0
+    # The nibble scheme: two maddubs per piece and row, no sign, the int16
+    # sums widened once per group (x1 and x16 per row).
+    nibbles = LOOPS["loop_nibbles"]()
+    assert count(nibbles, "vpmaddubsw") == 64 and count(nibbles, "vpsignb") == 0
+    assert count(nibbles, "vpaddw") == 64 and count(nibbles, "vpmaddwd") == 2 * 4
+
+
+@pytest.mark.skipif(not cpu_kernel_available() or "avx2" not in (cpu_description().get("flags") or []),
+                    reason="needs an x86-64 CPU with AVX2 and a C compiler")
+def test_issue_bound_loops_compile_and_run() -> None:
+    from bench.int8_issue_bound import LOOPS, time_loops
+
+    figures = time_loops(seconds=0.001, repeats=1)
+    assert sorted(figures) == sorted(LOOPS) and all(value > 0 for value in figures.values())

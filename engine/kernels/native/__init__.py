@@ -125,11 +125,16 @@ def library_name(variant: str) -> str:
     return f"tandem_quant_{variant}{suffix}"
 
 
+def c_compiler() -> str | None:
+    """The C compiler the kernels are built with: $CC, else cc, else gcc (None: none here)."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
 def compile_library(variant: str, output: Path, compiler: str | None = None, sources: Path | None = None) -> Path:
     """Build the kernels for `variant` into `output` (atomically), from this
     folder's sources or from the same files in `sources` (bench/kernel_ab.py:
     another revision's)."""
-    compiler = compiler or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    compiler = compiler or c_compiler()
     if compiler is None:
         raise NativeKernelError("no C compiler found (cc or gcc; set CC to choose one)")
     output.parent.mkdir(parents=True, exist_ok=True)
