@@ -29,7 +29,7 @@ from engine.core.page_pool import PagePool
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import EventSink, RequestOutput, Sequence, StreamEvent
 from engine.core.stats import EngineStats
-from engine.errors import PromptError
+from engine.errors import EngineClosedError, PromptError
 from engine.model.tokenizer import Tokenizer
 from engine.params import SamplingParams, defaults_for, read_recommended_sampling
 from engine.progress import ProgressCallback
@@ -124,9 +124,14 @@ class Engine:
     def tokenizer(self) -> Tokenizer:
         return self._core.tokenizer
 
+    def _in_memory(self, what: Any) -> Any:
+        if what is None:  # released when the engine stopped
+            raise EngineClosedError("The engine has been shut down: its model is no longer in memory")
+        return what
+
     @property
     def model(self) -> Any:
-        return self._core.model
+        return self._in_memory(self._core.model)
 
     @property
     def config(self) -> Any:
@@ -158,7 +163,7 @@ class Engine:
 
     @property
     def kv_cache(self) -> Any:
-        return self._core.kv_cache
+        return self._in_memory(self._core.kv_cache)
 
     @property
     def deterministic(self) -> bool:
@@ -167,7 +172,7 @@ class Engine:
 
     @property
     def runner(self) -> ModelRunner:
-        return self._core.runner
+        return self._in_memory(self._core.runner)
 
     @property
     def scheduler(self) -> Scheduler:
