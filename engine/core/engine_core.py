@@ -415,11 +415,14 @@ class EngineCore:
         if getattr(self, "kv_cache", None) is not None:
             self.kv_bytes_total = self.kv_cache.total_bytes
         self.runner = self.kv_cache = self.model = None
-        if cuda:
-            import torch
+        try:
+            if cuda:
+                import torch
 
-            torch.cuda.empty_cache()  # the caching allocator's blocks, for other programs
-        release_freed_heap()
+                torch.cuda.empty_cache()  # the caching allocator's blocks, for other programs
+            release_freed_heap()
+        except Exception:  # best effort: a client waiting for this thread's answer must still get it
+            log.exception("could not give the engine's freed memory back")
 
     def _next_nowait(self) -> Any:
         try:
