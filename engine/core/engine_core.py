@@ -222,7 +222,7 @@ class EngineCore:
             device=str(self.device),
             dtype=str(self.dtype).removeprefix("torch."),
             max_context=self.max_context,
-            kv_bytes_total=self.kv_cache.total_bytes if self.kv_cache is not None else self.kv_bytes_total,
+            kv_bytes_total=self.kv_bytes_total,
             kv_bytes_committed=self.kv_cache.committed_bytes if self.kv_cache is not None else 0,
             weights=self.weights,
         )
@@ -291,6 +291,7 @@ class EngineCore:
                 c.num_hidden_layers, kv_pages, page_size, c.num_key_value_heads, c.head_dim,
                 self.model.kv_dtype, self.device, commit_on_use=True,
             )
+        self.kv_bytes_total = self.kv_cache.total_bytes  # stats() answers it after the cache is released
         if self.device.type == "cuda":
             # Triton kernels and CUDA graphs where triton is installed (engine/runner/cuda.py).
             self.runner = make_cuda_runner(
@@ -411,9 +412,7 @@ class EngineCore:
         keeps freed memory in its arenas for reuse: without the trim, a
         closed fp32 engine of the default model left ~500 MB resident, and
         unloading a model in the window freed nothing the system could see."""
-        cuda = getattr(self, "device", None) is not None and self.device.type == "cuda"
-        if getattr(self, "kv_cache", None) is not None:
-            self.kv_bytes_total = self.kv_cache.total_bytes
+        cuda = getattr(self, "device", None) is not None and self.device.type == "cuda"  # unset if loading failed
         self.runner = self.kv_cache = self.model = None
         try:
             if cuda:
