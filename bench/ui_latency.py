@@ -20,6 +20,12 @@ fenced block; `--no-highlight` shows that code uncoloured, so the two runs
 give the GUI-thread time per frame with and without highlighting.
 `--profile FILE` writes a cProfile of the GUI thread while it streams.
 
+`--unload` then unloads the model as Models > Unload does (the replies
+done, the window still up), with the 10 ms ticks running again: the worst
+gap while the engine closes and gives its memory back, how long the unload
+took, and the process's resident memory before and after. The engine is
+gone then, so the second run without the window is left out.
+
 Prints one JSON object.
 """
 
@@ -41,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 from bench.common import machine  # noqa: E402
+from bench.throughput import resident_mb  # noqa: E402
 
 PROMPT = "Tell me a long story about a lighthouse keeper and a storm."
 CODE_PROMPT = (
@@ -69,7 +76,7 @@ def run_alone(engine: Any, prompts: list[list[int]], params: Any) -> float:
 
 def run_with_window(
     engine: Any, settings: Any, panes: int, store: Path | None = None, *,
-    prompt: str = PROMPT, profile: Path | None = None,
+    prompt: str = PROMPT, profile: Path | None = None, unload: bool = False,
 ) -> dict[str, Any]:
     from ui.event_loop import TandemEventLoop
     from PySide6.QtCore import QTimer
@@ -150,7 +157,24 @@ def run_with_window(
             profiler.dump_stats(str(profile))
         streaming = False
         timer.stop()
+        if unload:
+            await asyncio.sleep(1.0)
+            unload_ticks.clear()
+            timer.timeout.disconnect(tick)
+            timer.timeout.connect(lambda: unload_ticks.append(time.perf_counter()))
+            unloading["rss_before_mb"] = resident_mb()
+            timer.start()
+            await asyncio.sleep(0.2)  # ticks before the unload starts: the gap that spans its start counts
+            start = time.perf_counter()
+            await workspace.unload_model(workspace.default_model)
+            unloading["unload_s"] = time.perf_counter() - start
+            await asyncio.sleep(0.5)
+            timer.stop()
+            unloading["rss_after_mb"] = resident_mb()
+            unloading["state"] = workspace.model_state(workspace.default_model)
 
+    unload_ticks: list[float] = []
+    unloading: dict[str, Any] = {}
     with loop:
         loop.run_until_complete(scenario())
         replies = []
@@ -168,7 +192,12 @@ def run_with_window(
     timed = [((b - a) * 1000, a - ticks[0]) for a, b in zip(ticks, ticks[1:])]
     worst_at = max(timed)[1] if timed else None
     gaps = sorted(gap for gap, _ in timed)
+    unload_gaps = sorted((b - a) * 1000 for a, b in zip(unload_ticks, unload_ticks[1:]))
+    if unloading:
+        unloading["worst_gui_gap_ms"] = unload_gaps[-1] if unload_gaps else None
+        unloading["ticks"] = len(unload_ticks)
     return {
+        "unload": unloading,
         "worst_at_s": worst_at,
         "rate": decode_rate(replies),
         "gaps": gaps,
@@ -194,6 +223,8 @@ def main() -> None:
     parser.add_argument("--code", action="store_true", help="ask for a Python code block instead of a story")
     parser.add_argument("--no-highlight", action="store_true", help="show fenced code uncoloured")
     parser.add_argument("--profile", type=Path, default=None, help="write a cProfile of the GUI thread here")
+    parser.add_argument("--unload", action="store_true",
+                        help="then unload the model in the window, timing the GUI thread's gaps meanwhile")
     args = parser.parse_args()
     text = CODE_PROMPT if args.code else PROMPT
     if args.no_highlight:
@@ -219,19 +250,22 @@ def main() -> None:
     alone_before = run_alone(engine, prompts, params)
     with tempfile.TemporaryDirectory(prefix="tandem-bench-") as folder:
         ui = run_with_window(engine, settings, args.panes, Path(folder) / "chats.sqlite3" if args.store else None,
-                             prompt=text, profile=args.profile)
-    alone_after = run_alone(engine, prompts, params)
+                             prompt=text, profile=args.profile, unload=args.unload)
+    alone_after = alone_before if args.unload else run_alone(engine, prompts, params)
     alone = (alone_before + alone_after) / 2
     gaps = ui["gaps"]
     stats = engine.stats()
+    unload = {k: round(v, 3) if isinstance(v, float) else v for k, v in ui["unload"].items()}
     result = {
+        "unload": unload or None,
         "worst_gui_gap_ms": round(gaps[-1], 1) if gaps else None,
         "p99_gui_gap_ms": round(gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))], 1) if gaps else None,
         "worst_gap_at_s": round(ui["worst_at_s"], 2) if ui["worst_at_s"] is not None else None,
         "p50_gui_gap_ms": round(statistics.median(gaps), 1) if gaps else None,
         "ticks": len(gaps) + 1 if gaps else 0,
         "engine_decode_tok_s_alone": round(alone, 1),
-        "engine_decode_tok_s_alone_runs": [round(alone_before, 1), round(alone_after, 1)],
+        "engine_decode_tok_s_alone_runs": [round(alone_before, 1)] if args.unload
+        else [round(alone_before, 1), round(alone_after, 1)],
         "engine_decode_tok_s_with_ui": round(ui["rate"], 1),
         "ui_cost_pct": round(100 * (1 - ui["rate"] / alone), 1) if alone else None,
         "frame_render_ms_p50": round(statistics.median(ui["flushes"]), 2) if ui["flushes"] else None,
