@@ -74,7 +74,10 @@ def test_a_forced_variant_that_does_not_exist_is_named(monkeypatch: pytest.Monke
      # Under 4 rows the AVX2 tiles take two octets only where an octet's
      # groups are 8 KB or more (TWO_STREAMS_BYTES): q4_0 / q4_1 from 2048
      # inputs, q8_0 from 1024; one side and the other.
-     (2, 44, 2048), (3, 40, 1984)],
+     (2, 44, 2048), (3, 40, 1984),
+     # q8_0's AVX2 tile of 4 rows takes octets in pairs: 44 columns end on
+     # a pair whose second octet is partial (a block of 2 octets after one of 4).
+     (6, 44, 64)],
 )
 def test_every_variant_gives_the_portable_bits(builds: dict, fmt: str, rows: int, cols: int, inputs: int) -> None:
     gen = torch.Generator().manual_seed(rows * 1000 + cols)
