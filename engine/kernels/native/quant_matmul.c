@@ -1165,6 +1165,11 @@ static inline __attribute__((always_inline)) void format_octets(const PackedWeig
 #define ONE_COPY __attribute__((noinline))
 #endif
 #if TANDEM_SIMD == 1
+/* The most weight bytes per block that q8_0's 4-row passes fetch ahead
+ * for the next block: with this block, the next and a batch's rows of x
+ * in L2 (512 KB a core on Zen 3). */
+#define NEXT_BLOCK_BYTES (128 * 1024)
+
 /* One row's piece of the q8_0 4x2 tile below: its 4 inputs (at X)
  * broadcast, signed by each octet's weights, multiplied by their absolute
  * values, pairs summed to int32 and added to the row's sums P0 and P1. */
@@ -1187,7 +1192,7 @@ static inline __attribute__((always_inline)) void format_octets(const PackedWeig
  * 3): 0.48 ns per 32 multiply-adds, against 0.52 for `tile`'s 4 x 1; in
  * the engine 16 rows of q8_0 ran 4-7% faster than with `tile` (bench/kernel_ab.py). */
 static inline __attribute__((always_inline)) void q8_0_tile_4x2(const PackedWeight *w, const QuantizedRows *x,
-                                                                int64_t r0, int64_t octet,
+                                                                int64_t r0, int64_t octet, int64_t next_block,
                                                                 float acc[TILE_ROWS][2][OCTET]) {
     const int64_t G = w->G, obytes = octet_group_bytes(FMT_Q8_0);
     const uint8_t *base0 = w->data + octet * G * obytes, *base1 = base0 + G * obytes;
@@ -1201,6 +1206,11 @@ static inline __attribute__((always_inline)) void q8_0_tile_4x2(const PackedWeig
         if (r0 == 0) {
             prefetch_weights(w0, obytes);
             prefetch_weights(w1, obytes);
+        } else if (r0 == TILE_ROWS && next_block) {
+            for (int64_t i = 0; i < obytes; i += 64) {
+                _mm_prefetch((const char *)w0 + next_block + i, _MM_HINT_T1);
+                _mm_prefetch((const char *)w1 + next_block + i, _MM_HINT_T1);
+            }
         }
         __m256i p[TILE_ROWS][2];
         for (int r = 0; r < TILE_ROWS; r++) p[r][0] = p[r][1] = _mm256_setzero_si256();
@@ -1245,9 +1255,14 @@ ONE_COPY static void q8_0_paired_tiles(const PackedWeight *w, const QuantizedRow
                                        int64_t last, const float *bias, float scale, float *y, int64_t y_stride,
                                        int accumulate) {
     float acc[TILE_ROWS][2][OCTET];
+    /* The thread's next block of octets follows this one (a static
+     * schedule of contiguous blocks): its weights go to L2 during the
+     * second pass, so that its first pass does not wait on memory. */
+    const int64_t block_bytes = (last - first) * w->G * octet_group_bytes(FMT_Q8_0);
+    const int64_t next_block = block_bytes <= NEXT_BLOCK_BYTES ? block_bytes : 0;
     int64_t octet = first;
     for (; octet + 2 <= last; octet += 2) {
-        q8_0_tile_4x2(w, x, r0, octet, acc);
+        q8_0_tile_4x2(w, x, r0, octet, next_block, acc);
         for (int r = 0; r < TILE_ROWS; r++)
             for (int o = 0; o < 2; o++)
                 finish(_mm256_loadu_ps(acc[r][o]), bias, scale, (octet + o) * OCTET, w->N, y + (r0 + r) * y_stride,
@@ -1383,6 +1398,19 @@ static size_t level_scratch_bytes(int fmt, int64_t M, int64_t G, int64_t block_o
  * passes over them. */
 #define BLOCK_OCTETS 4
 
+/* Octets per block for this product: BLOCK_OCTETS, but one pair for q8_0
+ * on AVX2 where a block of 4 would be too large to fetch the next one
+ * ahead (NEXT_BLOCK_BYTES: q8_0 from 4096 inputs) and the rows pass over
+ * it more than once. */
+static int64_t block_octets_for(int fmt, int64_t M, int64_t G) {
+#if TANDEM_SIMD == 1
+    if (fmt == FMT_Q8_0 && M > TILE_ROWS && BLOCK_OCTETS * G * octet_group_bytes(fmt) > NEXT_BLOCK_BYTES) return 2;
+#else
+    (void)fmt, (void)M, (void)G;
+#endif
+    return BLOCK_OCTETS;
+}
+
 /* y (+)= out_scale * out_op(op(x) @ W^T + bias), W packed. x rows are K
  * floats (2K for the gated inputs); out_op is an RMSNorm times out_norm
  * when that is given (a branch's output norm: Gemma), else nothing; `eps`
@@ -1415,7 +1443,8 @@ int tandem_quant_gemm(int fmt, int64_t M, int64_t N, int64_t K, const float *x, 
     const PackedWeight w = {fmt, N, groups, data, scales, mins};
     const QuantizedRows rows = {xq, xd, xsum, xs, xsum16, K, groups};
     const int64_t octets = (N + OCTET - 1) / OCTET;
-    const int64_t blocks = (octets + BLOCK_OCTETS - 1) / BLOCK_OCTETS;
+    const int64_t block_octets = block_octets_for(fmt, M, groups);
+    const int64_t blocks = (octets + block_octets - 1) / block_octets;
     #pragma omp parallel num_threads(threads) if (threads > 1 && M * N * K >= (1 << 16))
     {
         #pragma omp for schedule(static)
@@ -1430,14 +1459,14 @@ int tandem_quant_gemm(int fmt, int64_t M, int64_t N, int64_t K, const float *x, 
             }
         }
         /* Where the block's unpacked levels wait for the later passes; without it (no memory) each pass unpacks. */
-        const size_t scratch = level_scratch_bytes(fmt, M, groups, BLOCK_OCTETS);
+        const size_t scratch = level_scratch_bytes(fmt, M, groups, block_octets);
         uint8_t *levels = scratch ? malloc(scratch) : NULL;
         /* nowait: the region's end waits for every thread anyway (a barrier
          * less, and its futex call, per product: ~120 a decode step). */
         #pragma omp for schedule(static) nowait
         for (int64_t b = 0; b < blocks; b++) {
-            const int64_t first = b * BLOCK_OCTETS;
-            const int64_t last = first + BLOCK_OCTETS < octets ? first + BLOCK_OCTETS : octets;
+            const int64_t first = b * block_octets;
+            const int64_t last = first + block_octets < octets ? first + block_octets : octets;
             if (branch) octets_product(&w, &rows, M, first, last, bias, 1.0f, branch, N, 0, levels);
             else octets_product(&w, &rows, M, first, last, bias, out_scale, y, y_stride, accumulate, levels);
         }
