@@ -15,6 +15,13 @@ caches every call reads its weight from memory (a decode step's situation)
 instead of from cache. Both builds must give the same bits (the kernels'
 contract); a difference is reported and fails the run.
 
+A case `attn:HQ:HKV:D:CONTEXT` times paged attention instead
+(`native.paged_attention`): --rows sequences decoding one token each, their
+contexts spread over CONTEXT +- 25%, HQ query and HKV key/value heads of D
+dimensions, the fp16 KV cache in 16-token pages scattered over the pool
+(a decode step's attention: Qwen3 0.6B is attn:16:8:128, Gemma 3 1B
+attn:4:1:256).
+
 Between two builds of unchanged code this host showed up to ~8% apart
 (code layout), so a change worth keeping shows on several shapes beside an
 unchanged format measured as a control.
@@ -82,6 +89,46 @@ def compare(libs: dict, fmt: str, n: int, k: int, rows: int, copies: int, altern
     }
 
 
+def compare_attention(libs: dict, hq: int, hkv: int, d: int, context: int, rows: int, alternations: int) -> dict:
+    gen = torch.Generator().manual_seed(hq * 1000 + d + context)
+    page = 16
+    lengths = [max(1, int(context * (0.75 + 0.5 * i / max(rows - 1, 1)))) for i in range(rows)]
+    pages_each = [-(-n // page) for n in lengths]
+    pool = sum(pages_each) + 8
+    # Each sequence's pages scattered over the pool, as after a while of serving.
+    order = torch.randperm(pool, generator=gen)
+    page_table = torch.zeros(rows, max(pages_each), dtype=torch.int64)
+    at = 0
+    for s, n in enumerate(pages_each):
+        page_table[s, :n] = order[at:at + n]
+        at += n
+    k_layer = torch.randn(pool * hkv, page, d, generator=gen).to(torch.float16)
+    v_layer = torch.randn(pool * hkv, page, d, generator=gen).to(torch.float16)
+    qkv = torch.randn(rows, (hq + 2 * hkv) * d, generator=gen)
+    positions = torch.tensor([n - 1 for n in lengths], dtype=torch.int64)
+    row_table = torch.arange(rows, dtype=torch.int64)
+    out = {name: torch.empty(rows, hq * d) for name in libs}
+    best = {name: float("inf") for name in libs}
+    calls = 20
+    for _ in range(alternations):
+        for name, lib in libs.items():
+            start = time.perf_counter()
+            for _call in range(calls):
+                native.paged_attention(qkv, hq, hkv, d, positions, row_table, page_table, k_layer, v_layer, page,
+                                       None, d ** -0.5, out[name], lib=lib)
+            best[name] = min(best[name], (time.perf_counter() - start) / calls)
+    macs = 2 * hq * d * sum(lengths)
+    return {
+        "case": f"attn:{hq}:{hkv}:{d}:{context}",
+        "rows": rows,
+        "base_us": round(best["base"] * 1e6, 1),
+        "work_us": round(best["work"] * 1e6, 1),
+        "work_over_base": round(best["work"] / best["base"], 3),
+        "gmac_per_s_work": round(macs / best["work"] / 1e9, 1),
+        "same_bits": torch.equal(out["base"], out["work"]),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", required=True, help="git revision whose kernels to compare with")
@@ -93,6 +140,15 @@ def main() -> None:
     args = parser.parse_args()
     cases = []
     for case in args.cases.split(","):
+        if case.startswith("attn:"):
+            try:
+                hq, hkv, d, context = (int(v) for v in case.split(":")[1:])
+            except ValueError:
+                parser.error(f"{case}: attn:HQ:HKV:D:CONTEXT")
+            if hq % hkv or d % 8:
+                parser.error(f"{case}: HQ a multiple of HKV, D of 8")
+            cases.append(("attn", (hq, hkv, d, context), None))
+            continue
         fmt, n, k = case.split(":")
         if fmt not in native.FORMAT_CODES or int(k) % native.BLOCK_WEIGHTS[fmt]:
             parser.error(f"{case}: a format of {sorted(native.FORMAT_CODES)} and inputs a multiple of its "
@@ -111,7 +167,10 @@ def main() -> None:
         results = []
         for rows in (int(r) for r in args.rows.split(",")):
             for fmt, n, k in cases:
-                result = compare(libs, fmt, n, k, rows, args.copies, args.alternations)
+                if fmt == "attn":
+                    result = compare_attention(libs, *n, rows, args.alternations)
+                else:
+                    result = compare(libs, fmt, n, k, rows, args.copies, args.alternations)
                 results.append(result)
                 print(f"{result['case']:>18} rows {rows:>3}: base {result['base_us']:>9.1f} us, "
                       f"work {result['work_us']:>9.1f} us, work/base {result['work_over_base']:.3f}"

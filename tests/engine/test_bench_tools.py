@@ -176,6 +176,16 @@ def test_kernel_ab_times_both_builds_and_checks_their_bits(tmp_path: Path) -> No
     assert b"int tandem_quant_gemm(" in (tmp_path / "quant_matmul.c").read_bytes()
 
 
+def test_kernel_ab_times_paged_attention_of_a_decode_step() -> None:
+    from bench import kernel_ab
+    from engine.kernels import native
+
+    lib = native.library()
+    result = kernel_ab.compare_attention({"base": lib, "work": lib}, 4, 2, 16, 40, rows=3, alternations=1)
+    assert result["case"] == "attn:4:2:16:40" and result["rows"] == 3
+    assert result["same_bits"] is True and result["base_us"] > 0 and result["gmac_per_s_work"] > 0
+
+
 def test_issue_bound_loop_is_the_q8_0_tile_group() -> None:
     from bench.int8_issue_bound import LOOPS, group_instructions
 
