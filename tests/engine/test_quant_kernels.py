@@ -247,14 +247,21 @@ def test_scaled_and_normalised_outputs_give_the_portable_bits(builds: dict, out_
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("window", [5, None])
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim"),
+    # GQA groups of 1 to 5 query heads; the AVX2 value sums take 4 rows x
+    # 16 dimensions, 3 x 24 or 2 x 32 at a time, then 16, then one by one.
+    [(4, 2, 16), (4, 2, 48), (6, 2, 40), (3, 3, 16), (8, 2, 16), (10, 2, 24)],
+)
 def test_attention_with_head_norms_windows_and_soft_caps_gives_the_portable_bits(
-    builds: dict, kv_dtype: torch.dtype
+    builds: dict, kv_dtype: torch.dtype, window: int | None, heads: int, kv_heads: int, dim: int
 ) -> None:
     """paged_attention.c's steps as Gemma 3 and Gemma 2 use them: q/k head
-    norms before RoPE, a window of 5 keys over pages of 4, soft-capped
-    scores; the cache in float32 or fp16."""
+    norms before RoPE, a window of 5 keys (or all 12: blocks of 8 keys and
+    a tail) over pages of 4, soft-capped scores; the cache in float32 or fp16."""
     gen = torch.Generator().manual_seed(9)
-    heads, kv_heads, dim, page = 4, 2, 16, 4
+    page = 4
     tokens = 12
     positions = torch.arange(tokens)
     pages = torch.tensor([[3, 0, 5]])
@@ -274,7 +281,7 @@ def test_attention_with_head_norms_windows_and_soft_caps_gives_the_portable_bits
                              write_rows, q_norm=q_norm, k_norm=k_norm, eps=1e-6, lib=lib)
         out = torch.empty(tokens, heads * dim)
         native.paged_attention(rows, heads, kv_heads, dim, positions, torch.zeros(tokens, dtype=torch.long), pages,
-                               k_layer, v_layer, page, 5, 0.25, out, softcap=0.5, lib=lib)
+                               k_layer, v_layer, page, window, 0.25, out, softcap=0.5, lib=lib)
         outs[variant] = (rows, out)
     for variant, (rows, out) in outs.items():
         assert torch.equal(rows, outs["portable"][0]) and torch.equal(out, outs["portable"][1]), variant

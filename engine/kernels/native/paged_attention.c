@@ -256,43 +256,91 @@ static inline __attribute__((always_inline)) void softmax_weights(const float *c
             _mm256_storeu_ps(sc + j, exp_fixed8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), _mm256_set1_ps(top))));
 #endif
         for (; j < length; j++) sc[j] = exp_fixed(sc[j] - top);
-        float total = 0.0f;
-        for (j = first; j < length; j++) total += sc[j];
-        j = first;
+    }
+    /* Each row's total in key order, the rows' chains side by side: one
+     * chain alone waits an add's latency per key. */
+    float total[64];
+    for (int r = 0; r < rows; r++) total[r] = 0.0f;
+    int r = 0;
+    for (; r + 4 <= rows; r += 4) {
+        float t0 = 0.0f, t1 = 0.0f, t2 = 0.0f, t3 = 0.0f;
+        const float *s0 = scores[r], *s1 = scores[r + 1], *s2 = scores[r + 2], *s3 = scores[r + 3];
+        for (int64_t j = first; j < length; j++) {
+            t0 += s0[j];
+            t1 += s1[j];
+            t2 += s2[j];
+            t3 += s3[j];
+        }
+        total[r] = t0, total[r + 1] = t1, total[r + 2] = t2, total[r + 3] = t3;
+    }
+    if (rows - r >= 2) {
+        float t0 = 0.0f, t1 = 0.0f;
+        const float *s0 = scores[r], *s1 = scores[r + 1];
+        for (int64_t j = first; j < length; j++) {
+            t0 += s0[j];
+            t1 += s1[j];
+        }
+        total[r] = t0, total[r + 1] = t1;
+        r += 2;
+    }
+    if (r < rows)
+        for (int64_t j = first; j < length; j++) total[r] += scores[r][j];
+    for (r = 0; r < rows; r++) {
+        float *sc = scores[r];
+        int64_t j = first;
 #if ATTENTION_SIMD
         for (; j + 8 <= length; j += 8)
-            _mm256_storeu_ps(sc + j, _mm256_div_ps(_mm256_loadu_ps(sc + j), _mm256_set1_ps(total)));
+            _mm256_storeu_ps(sc + j, _mm256_div_ps(_mm256_loadu_ps(sc + j), _mm256_set1_ps(total[r])));
 #endif
-        for (; j < length; j++) sc[j] = sc[j] / total;
+        for (; j < length; j++) sc[j] = sc[j] / total[r];
     }
 }
 
 /* out[r][i] = sum over keys j in order of scores[r][j] * value_j[i], each
  * dimension one fma chain; the values are read once for all rows. */
+#if ATTENTION_SIMD
+/* Rows [r0, r0 + R) and dimensions [i, i + 8 * W): R * W accumulators,
+ * each one dimension's chain, whose step per key waits on the last (an
+ * fma's latency): a slice keeps 8 or 9 chains going where the rows
+ * allow, 4 rows x 16 dimensions, 3 x 24 (SmolLM2), 2 x 32 (Qwen3). */
+static inline __attribute__((always_inline)) void weighted_slice(const int R, const int W, int r0, int64_t i,
+                                                                 const void *const *value_at, int64_t first,
+                                                                 int64_t length, float *const scores[],
+                                                                 float *const out[], const int half) {
+    __m256 a[4][4];
+    for (int r = 0; r < R; r++)
+        for (int w = 0; w < W; w++) a[r][w] = _mm256_setzero_ps();
+    for (int64_t j = first; j < length; j++) {
+        __m256 v[4];
+        for (int w = 0; w < W; w++) v[w] = cache_load8(value_at[j], i + 8 * w, half);
+        for (int r = 0; r < R; r++) {
+            const __m256 p = _mm256_set1_ps(scores[r0 + r][j]);
+            for (int w = 0; w < W; w++) a[r][w] = _mm256_fmadd_ps(p, v[w], a[r][w]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int w = 0; w < W; w++) _mm256_storeu_ps(out[r0 + r] + i + 8 * w, a[r][w]);
+}
+#endif
+
 static inline __attribute__((always_inline)) void weighted_values(int rows, const void *const *value_at, int64_t D,
                                                                   int64_t first, int64_t length,
                                                                   float *const scores[], float *const out[],
                                                                   const int half) {
     int64_t i = 0;
 #if ATTENTION_SIMD
+    if (rows == 2)
+        for (; i + 32 <= D; i += 32) weighted_slice(2, 4, 0, i, value_at, first, length, scores, out, half);
+    if (rows == 3)
+        for (; i + 24 <= D; i += 24) weighted_slice(3, 3, 0, i, value_at, first, length, scores, out, half);
     for (; i + 16 <= D; i += 16) {
-        for (int r0 = 0; r0 < rows; r0 += 4) {
-            const int n = rows - r0 < 4 ? rows - r0 : 4;
-            __m256 a[4][2];
-            for (int r = 0; r < 4; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
-            for (int64_t j = first; j < length; j++) {
-                const __m256 v0 = cache_load8(value_at[j], i, half), v1 = cache_load8(value_at[j], i + 8, half);
-                for (int r = 0; r < 4; r++) {
-                    if (r >= n) break;
-                    const __m256 p = _mm256_set1_ps(scores[r0 + r][j]);
-                    a[r][0] = _mm256_fmadd_ps(p, v0, a[r][0]);
-                    a[r][1] = _mm256_fmadd_ps(p, v1, a[r][1]);
-                }
-            }
-            for (int r = 0; r < n; r++) {
-                _mm256_storeu_ps(out[r0 + r] + i, a[r][0]);
-                _mm256_storeu_ps(out[r0 + r] + i + 8, a[r][1]);
-            }
+        int r0 = 0;
+        for (; r0 + 4 <= rows; r0 += 4) weighted_slice(4, 2, r0, i, value_at, first, length, scores, out, half);
+        switch (rows - r0) {
+        case 3: weighted_slice(3, 2, r0, i, value_at, first, length, scores, out, half); break;
+        case 2: weighted_slice(2, 2, r0, i, value_at, first, length, scores, out, half); break;
+        case 1: weighted_slice(1, 2, r0, i, value_at, first, length, scores, out, half); break;
+        default: break;
         }
     }
 #endif
