@@ -178,7 +178,33 @@ static inline __m256 dot8(const float *q, const void *const key[8], int64_t n, c
     const __m256 g0 = _mm256_hadd_ps(h01, h23), g1 = _mm256_hadd_ps(h45, h67);
     return _mm256_add_ps(_mm256_permute2f128_ps(g0, g1, 0x20), _mm256_permute2f128_ps(g0, g1, 0x31));
 }
+/* Four keys' sums of dot8 (lanes 0..7 each), reduced by the same tree:
+ * one score per lane of the result. */
+static inline __m128 key_sums4(const __m256 a[4]) {
+    const __m256 g = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    return _mm_add_ps(_mm256_castps256_ps128(g), _mm256_extractf128_ps(g, 1));
+}
+
+/* dot() of two query rows with 4 keys: each key's 8 dimensions converted
+ * (fp16) and loaded once for both rows, 8 chains; the same bits as dot8. */
+static inline void dot4x2(const float *q0, const float *q1, const void *const key[4], int64_t n, const int half,
+                          __m128 *s0, __m128 *s1) {
+    __m256 a0[4], a1[4];
+    for (int k = 0; k < 4; k++) a0[k] = a1[k] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) {
+        __m256 kv[4];
+        for (int k = 0; k < 4; k++) kv[k] = cache_load8(key[k], i, half);
+        const __m256 qa = _mm256_loadu_ps(q0 + i), qb = _mm256_loadu_ps(q1 + i);
+        for (int k = 0; k < 4; k++) {
+            a0[k] = _mm256_fmadd_ps(qa, kv[k], a0[k]);
+            a1[k] = _mm256_fmadd_ps(qb, kv[k], a1[k]);
+        }
+    }
+    *s0 = key_sums4(a0);
+    *s1 = key_sums4(a1);
+}
 #endif
+
 
 /* Every row of qkv: q and k normalised per head (when q_norm and k_norm
  * are given, [D] each) and their first R dimensions rotated in place (the
@@ -220,25 +246,48 @@ static inline __attribute__((always_inline)) void softmax_weights(const float *c
                                                                   const void *const *key, int64_t D, int64_t first,
                                                                   int64_t length, float scale, float softcap,
                                                                   float *const scores[], const int half) {
+    /* Blocks of 8 keys for every row first (rows in pairs: each key read
+     * once per pair), then each row's tail and softmax. */
+    int64_t blocks_end = first;
+    float tops[64];
+#if ATTENTION_SIMD
+    if (D % 8 == 0) {
+        __m256 top8[64];
+        for (int r = 0; r < rows; r++) top8[r] = _mm256_set1_ps(-INFINITY);
+        const __m256 scale8 = _mm256_set1_ps(scale);
+        for (; blocks_end + 8 <= length; blocks_end += 8) {
+            const void *const *keys = key + blocks_end;
+            int r = 0;
+            for (; r + 2 <= rows; r += 2) {
+                __m128 lo0, lo1, hi0, hi1;
+                dot4x2(q[r], q[r + 1], keys, D, half, &lo0, &lo1);
+                dot4x2(q[r], q[r + 1], keys + 4, D, half, &hi0, &hi1);
+                const __m256 s0 = _mm256_mul_ps(_mm256_set_m128(hi0, lo0), scale8);
+                const __m256 s1 = _mm256_mul_ps(_mm256_set_m128(hi1, lo1), scale8);
+                _mm256_storeu_ps(scores[r] + blocks_end, s0);
+                _mm256_storeu_ps(scores[r + 1] + blocks_end, s1);
+                top8[r] = _mm256_max_ps(top8[r], s0);
+                top8[r + 1] = _mm256_max_ps(top8[r + 1], s1);
+            }
+            if (r < rows) {
+                const __m256 s = _mm256_mul_ps(dot8(q[r], keys, D, half), scale8);
+                _mm256_storeu_ps(scores[r] + blocks_end, s);
+                top8[r] = _mm256_max_ps(top8[r], s);
+            }
+        }
+        for (int r = 0; r < rows; r++) {
+            float lanes[8];
+            _mm256_storeu_ps(lanes, top8[r]);
+            tops[r] = -INFINITY;
+            for (int k = 0; k < 8; k++) tops[r] = lanes[k] > tops[r] ? lanes[k] : tops[r];
+        }
+    } else
+#endif
+        for (int r = 0; r < rows; r++) tops[r] = -INFINITY;
     for (int r = 0; r < rows; r++) {
         float *sc = scores[r];
-        int64_t j = first;
-        float top = -INFINITY;
-#if ATTENTION_SIMD
-        if (D % 8 == 0) {
-            __m256 top8 = _mm256_set1_ps(-INFINITY);
-            for (; j + 8 <= length; j += 8) {
-                const void *keys[8];
-                for (int k = 0; k < 8; k++) keys[k] = key[j + k];
-                const __m256 s = _mm256_mul_ps(dot8(q[r], keys, D, half), _mm256_set1_ps(scale));
-                _mm256_storeu_ps(sc + j, s);
-                top8 = _mm256_max_ps(top8, s);
-            }
-            float lanes[8];
-            _mm256_storeu_ps(lanes, top8);
-            for (int k = 0; k < 8; k++) top = lanes[k] > top ? lanes[k] : top;
-        }
-#endif
+        int64_t j = blocks_end;
+        float top = tops[r];
         for (; j < length; j++) {
             sc[j] = dot(q[r], key[j], D, half) * scale;
             top = sc[j] > top ? sc[j] : top;
