@@ -251,7 +251,7 @@ def test_scaled_and_normalised_outputs_give_the_portable_bits(builds: dict, out_
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "dim"),
     # GQA groups of 1 to 5 query heads; the AVX2 value sums take 4 rows x
-    # 16 dimensions, 3 x 24 or 2 x 32 at a time, then 16, then one by one.
+    # 16 dimensions or 2 x 32 at a time, then 16, then one by one.
     [(4, 2, 16), (4, 2, 48), (6, 2, 40), (3, 3, 16), (8, 2, 16), (10, 2, 24)],
 )
 def test_attention_with_head_norms_windows_and_soft_caps_gives_the_portable_bits(
