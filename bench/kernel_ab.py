@@ -68,23 +68,36 @@ def compare(libs: dict, fmt: str, n: int, k: int, rows: int, copies: int, altern
     weights = [weight(fmt, n, k, gen) for _ in range(copies)]
     x = torch.randn(rows, k, generator=gen)
     out = {name: torch.empty(rows, n) for name in libs}
+
+    def call(name: str, lib, i: int) -> None:
+        w = weights[i % copies]
+        native.quant_matmul_into(fmt, x, w.data, w.scales, w.mins, None, out[name], lib=lib)
+
+    best = best_times(libs, call, max(copies, 5), alternations)
+    # each side's last call used the same weight
+    return summary(f"{fmt}:{n}:{k}", rows, best, rows * n * k, torch.equal(out["base"], out["work"]))
+
+
+def best_times(libs: dict, call, calls: int, alternations: int) -> dict[str, float]:
+    """Each build's best time per call(name, lib, i) over `alternations` turns of `calls` calls."""
     best = {name: float("inf") for name in libs}
-    calls = max(copies, 5)
     for _ in range(alternations):
         for name, lib in libs.items():
             start = time.perf_counter()
-            for call in range(calls):
-                w = weights[call % copies]
-                native.quant_matmul_into(fmt, x, w.data, w.scales, w.mins, None, out[name], lib=lib)
+            for i in range(calls):
+                call(name, lib, i)
             best[name] = min(best[name], (time.perf_counter() - start) / calls)
-    same = torch.equal(out["base"], out["work"])  # each side's last call used the same weight
+    return best
+
+
+def summary(case: str, rows: int, best: dict[str, float], macs: int, same: bool) -> dict:
     return {
-        "case": f"{fmt}:{n}:{k}",
+        "case": case,
         "rows": rows,
         "base_us": round(best["base"] * 1e6, 1),
         "work_us": round(best["work"] * 1e6, 1),
         "work_over_base": round(best["work"] / best["base"], 3),
-        "gmac_per_s_work": round(rows * n * k / best["work"] / 1e9, 1),
+        "gmac_per_s_work": round(macs / best["work"] / 1e9, 1),
         "same_bits": same,
     }
 
@@ -108,25 +121,14 @@ def compare_attention(libs: dict, hq: int, hkv: int, d: int, context: int, rows:
     positions = torch.tensor([n - 1 for n in lengths], dtype=torch.int64)
     row_table = torch.arange(rows, dtype=torch.int64)
     out = {name: torch.empty(rows, hq * d) for name in libs}
-    best = {name: float("inf") for name in libs}
-    calls = 20
-    for _ in range(alternations):
-        for name, lib in libs.items():
-            start = time.perf_counter()
-            for _call in range(calls):
-                native.paged_attention(qkv, hq, hkv, d, positions, row_table, page_table, k_layer, v_layer, page,
-                                       None, d ** -0.5, out[name], lib=lib)
-            best[name] = min(best[name], (time.perf_counter() - start) / calls)
+
+    def call(name: str, lib, _i: int) -> None:
+        native.paged_attention(qkv, hq, hkv, d, positions, row_table, page_table, k_layer, v_layer, page,
+                               None, d ** -0.5, out[name], lib=lib)
+
+    best = best_times(libs, call, 20, alternations)
     macs = 2 * hq * d * sum(lengths)
-    return {
-        "case": f"attn:{hq}:{hkv}:{d}:{context}",
-        "rows": rows,
-        "base_us": round(best["base"] * 1e6, 1),
-        "work_us": round(best["work"] * 1e6, 1),
-        "work_over_base": round(best["work"] / best["base"], 3),
-        "gmac_per_s_work": round(macs / best["work"] / 1e9, 1),
-        "same_bits": torch.equal(out["base"], out["work"]),
-    }
+    return summary(f"attn:{hq}:{hkv}:{d}:{context}", rows, best, macs, torch.equal(out["base"], out["work"]))
 
 
 def main() -> None:
