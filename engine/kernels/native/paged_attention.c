@@ -161,8 +161,16 @@ static inline __m256 exp_fixed8(__m256 x) {
     return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
 
-/* dot() of q with 8 keys at once: the same lanes, reduced by a transposing
- * tree (hadd pairs lanes 0+1, 2+3, ... exactly as lane_tree does). Needs
+/* Four keys' lane sums (lanes 0..7 each) reduced by lane_tree's tree, one
+ * score per lane: hadd(a, b) = [a0+a1, a2+a3, b0+b1, b2+b3 | a4+a5, a6+a7,
+ * b4+b5, b6+b7], twice gives [k0 (01+23), k1, k2, k3 | k0 (45+67), ...],
+ * and the halves add. */
+static inline __m128 key_sums4(const __m256 a[4]) {
+    const __m256 g = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    return _mm_add_ps(_mm256_castps256_ps128(g), _mm256_extractf128_ps(g, 1));
+}
+
+/* dot() of q with 8 keys at once: the same lanes, the same tree. Needs
  * n % 8 == 0. */
 static inline __m256 dot8(const float *q, const void *const key[8], int64_t n, const int half) {
     __m256 acc[8];
@@ -171,18 +179,7 @@ static inline __m256 dot8(const float *q, const void *const key[8], int64_t n, c
         const __m256 qv = _mm256_loadu_ps(q + i);
         for (int k = 0; k < 8; k++) acc[k] = _mm256_fmadd_ps(qv, cache_load8(key[k], i, half), acc[k]);
     }
-    /* hadd(a, b) = [a0+a1, a2+a3, b0+b1, b2+b3 | a4+a5, a6+a7, b4+b5, b6+b7] */
-    const __m256 h01 = _mm256_hadd_ps(acc[0], acc[1]), h23 = _mm256_hadd_ps(acc[2], acc[3]);
-    const __m256 h45 = _mm256_hadd_ps(acc[4], acc[5]), h67 = _mm256_hadd_ps(acc[6], acc[7]);
-    /* lanes: [k0 (01+23), k1, k2, k3 | k0 (45+67), k1, k2, k3] and the same for k4..k7 */
-    const __m256 g0 = _mm256_hadd_ps(h01, h23), g1 = _mm256_hadd_ps(h45, h67);
-    return _mm256_add_ps(_mm256_permute2f128_ps(g0, g1, 0x20), _mm256_permute2f128_ps(g0, g1, 0x31));
-}
-/* Four keys' sums of dot8 (lanes 0..7 each), reduced by the same tree:
- * one score per lane of the result. */
-static inline __m128 key_sums4(const __m256 a[4]) {
-    const __m256 g = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-    return _mm_add_ps(_mm256_castps256_ps128(g), _mm256_extractf128_ps(g, 1));
+    return _mm256_set_m128(key_sums4(acc + 4), key_sums4(acc));
 }
 
 /* dot() of two query rows with 4 keys: each key's 8 dimensions converted
@@ -204,7 +201,6 @@ static inline void dot4x2(const float *q0, const float *q1, const void *const ke
     *s1 = key_sums4(a1);
 }
 #endif
-
 
 /* Every row of qkv: q and k normalised per head (when q_norm and k_norm
  * are given, [D] each) and their first R dimensions rotated in place (the
@@ -305,43 +301,14 @@ static inline __attribute__((always_inline)) void softmax_weights(const float *c
             _mm256_storeu_ps(sc + j, exp_fixed8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), _mm256_set1_ps(top))));
 #endif
         for (; j < length; j++) sc[j] = exp_fixed(sc[j] - top);
-    }
-    /* Each row's total in key order, the rows' chains side by side: one
-     * chain alone waits an add's latency per key. */
-    float total[64];
-    for (int r = 0; r < rows; r++) total[r] = 0.0f;
-    int r = 0;
-    for (; r + 4 <= rows; r += 4) {
-        float t0 = 0.0f, t1 = 0.0f, t2 = 0.0f, t3 = 0.0f;
-        const float *s0 = scores[r], *s1 = scores[r + 1], *s2 = scores[r + 2], *s3 = scores[r + 3];
-        for (int64_t j = first; j < length; j++) {
-            t0 += s0[j];
-            t1 += s1[j];
-            t2 += s2[j];
-            t3 += s3[j];
-        }
-        total[r] = t0, total[r + 1] = t1, total[r + 2] = t2, total[r + 3] = t3;
-    }
-    if (rows - r >= 2) {
-        float t0 = 0.0f, t1 = 0.0f;
-        const float *s0 = scores[r], *s1 = scores[r + 1];
-        for (int64_t j = first; j < length; j++) {
-            t0 += s0[j];
-            t1 += s1[j];
-        }
-        total[r] = t0, total[r + 1] = t1;
-        r += 2;
-    }
-    if (r < rows)
-        for (int64_t j = first; j < length; j++) total[r] += scores[r][j];
-    for (r = 0; r < rows; r++) {
-        float *sc = scores[r];
-        int64_t j = first;
+        float total = 0.0f;
+        for (j = first; j < length; j++) total += sc[j];
+        j = first;
 #if ATTENTION_SIMD
         for (; j + 8 <= length; j += 8)
-            _mm256_storeu_ps(sc + j, _mm256_div_ps(_mm256_loadu_ps(sc + j), _mm256_set1_ps(total[r])));
+            _mm256_storeu_ps(sc + j, _mm256_div_ps(_mm256_loadu_ps(sc + j), _mm256_set1_ps(total)));
 #endif
-        for (; j < length; j++) sc[j] = sc[j] / total[r];
+        for (; j < length; j++) sc[j] = sc[j] / total;
     }
 }
 

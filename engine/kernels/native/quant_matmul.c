@@ -714,8 +714,9 @@ static inline __m256i load32(const uint8_t *p) { return _mm256_loadu_si256((cons
  * (bench/quant_kernels.py --rows 1: q6_K 2.7x faster with it, q5_0 and
  * q4_K 1.4x). The tiles ask on their first pass over a block of octets
  * (rows 0..3 of x; later passes find it in cache), with one row, or for
- * the raw layouts (q5_0 / q5_1 and q6_K; q8_0 and q4_K ran 3-8% slower
- * with it at 4 rows), or with two octets on AVX2: there each tile starts
+ * the raw layouts (q5_0 / q5_1 and q6_K; q8_0's one-octet tile and q4_K
+ * ran 3-8% slower with it at 4 rows), or with two octets on AVX2 (q8_0's
+ * paired tiles too: up to 3% faster from memory with it): there each tile starts
  * two streams of an octet's groups where one octet at a time continues
  * one, and for short rows the hardware prefetcher lagged (q4_0 6912 x
  * 1152 from memory, 2 rows, both threads: 19% slower than one octet at a
@@ -1400,11 +1401,12 @@ static size_t level_scratch_bytes(int fmt, int64_t M, int64_t G, int64_t block_o
 
 /* Octets per block for this product: BLOCK_OCTETS, but one pair for q8_0
  * on AVX2 where a block of 4 would be too large to fetch the next one
- * ahead (NEXT_BLOCK_BYTES: q8_0 from 4096 inputs) and the rows pass over
- * it more than once. */
+ * ahead (NEXT_BLOCK_BYTES: q8_0 from 4096 inputs) and a second whole
+ * pass of 4 rows, which does the fetching, runs over it. */
 static int64_t block_octets_for(int fmt, int64_t M, int64_t G) {
 #if TANDEM_SIMD == 1
-    if (fmt == FMT_Q8_0 && M > TILE_ROWS && BLOCK_OCTETS * G * octet_group_bytes(fmt) > NEXT_BLOCK_BYTES) return 2;
+    if (fmt == FMT_Q8_0 && M >= 2 * TILE_ROWS && BLOCK_OCTETS * G * octet_group_bytes(fmt) > NEXT_BLOCK_BYTES)
+        return 2;
 #else
     (void)fmt, (void)M, (void)G;
 #endif
